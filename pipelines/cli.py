@@ -1,0 +1,246 @@
+"""The ``shopstream`` command line: one thin entry point per role.
+
+Each command parses its options, builds :class:`~pipelines.settings.Settings`
+once, and hands both to the module that does the work. Heavy imports (Spark,
+MLflow, Feast) happen inside the commands, so ``--help`` stays instant.
+
+Errors a user can fix (a bad setting, a server that would not start, a missing
+file) print one line naming the culprit and exit with status 1 or 2, never a
+traceback; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+from pipelines.settings import ENV_PREFIX, Settings
+
+__all__ = ["app", "main", "load_settings", "UserError"]
+
+console = Console(stderr=True)
+out = Console()
+
+app = typer.Typer(
+    name="shopstream",
+    help="Real-time personalization feature pipeline: Kafka -> Spark -> Parquet + Redis, Feast, MLflow, serving.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+infra_app = typer.Typer(help="Start, stop and inspect the local Kafka broker and redis-server.", no_args_is_help=True)
+app.add_typer(infra_app, name="infra")
+
+_state: dict[str, bool] = {"debug": False}
+
+
+class UserError(Exception):
+    """An error the user can fix; printed as one line without a traceback."""
+
+
+def load_settings() -> Settings:
+    """Settings from the environment and ``.env``; a bad value is a one-line error naming it."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "settings"
+        env_name = ENV_PREFIX + field.upper()
+        raise UserError(f"invalid setting {env_name}: {first['msg']}") from exc
+
+
+@app.callback()
+def _root(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
+) -> None:
+    _state["debug"] = debug
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(message)s",
+        datefmt="[%X]",
+        handlers=[RichHandler(console=console, show_path=False, rich_tracebacks=False)],
+    )
+    for noisy in ("kafka", "py4j", "urllib3", "feast", "alembic", "mlflow.store"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+# --------------------------------------------------------------------- infra
+@infra_app.command("up")
+def infra_up(
+    kafka: Annotated[bool, typer.Option(help="Start the Kafka broker.")] = True,
+    redis: Annotated[bool, typer.Option(help="Start redis-server.")] = True,
+) -> None:
+    """Start Kafka (KRaft) and redis-server on loopback; a second `up` finds them running."""
+    from pipelines import infra
+
+    settings = load_settings()
+    infra.up(settings, kafka=kafka, redis=redis)
+    _print_status(infra.status(settings))
+
+
+@infra_app.command("down")
+def infra_down(
+    purge: Annotated[bool, typer.Option(help="Also delete the servers' data (topics, Redis AOF).")] = False,
+) -> None:
+    """Stop what `infra up` started (by pid file); data stays unless --purge."""
+    from pipelines import infra
+
+    stopped = infra.down(load_settings(), purge=purge)
+    for name, was_running in stopped.items():
+        out.print(f"{name}: {'stopped' if was_running else 'was not running'}")
+
+
+@infra_app.command("status")
+def infra_status() -> None:
+    """Health, address and contents of each local server (topic message counts, Redis keys)."""
+    from pipelines import infra
+
+    status = infra.status(load_settings())
+    _print_status(status)
+    if not all(component.get("healthy") for component in status.values()):
+        raise typer.Exit(3)
+
+
+@infra_app.command("jars")
+def infra_jars() -> None:
+    """Resolve the Kafka broker's and Spark's Kafka connector jars from Maven Central (cached)."""
+    from pipelines import infra
+
+    for name, version in infra.resolve_jars(load_settings()).items():
+        out.print(f"{name}: {version}")
+
+
+def _print_status(status: dict[str, dict[str, object]]) -> None:
+    table = Table(title="shopstream infrastructure")
+    for col in ("component", "healthy", "address", "pid", "details"):
+        table.add_column(col)
+    for name, info in status.items():
+        details = {k: v for k, v in info.items() if k not in ("healthy", "address", "pid")}
+        if "topics" in details:
+            details["topics"] = ", ".join(
+                f"{t.name} ({t.partitions} partitions, {t.messages} messages)"  # type: ignore[attr-defined]
+                for t in details["topics"]  # type: ignore[attr-defined]
+            )
+        text = "; ".join(f"{k}: {v}" for k, v in details.items())
+        healthy = "[green]yes[/green]" if info.get("healthy") else "[red]no[/red]"
+        table.add_row(name, healthy, str(info.get("address")), str(info.get("pid") or "-"), text)
+    out.print(table)
+
+
+# ----------------------------------------------------------------- producers
+@app.command()
+def generate(
+    count: Annotated[int | None, typer.Option(min=1, help="Number of events to send.")] = None,
+    duration: Annotated[float | None, typer.Option(min=0.1, help="Seconds to run (with --rate).")] = None,
+    rate: Annotated[float | None, typer.Option(min=1, help="Events per second (default: as fast as possible).")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed: the same seed gives the same events.")] = 42,
+    bad_fraction: Annotated[float, typer.Option(min=0.0, max=1.0, help="Fraction of malformed records.")] = 0.0,
+    users: Annotated[int, typer.Option(min=1, help="Number of distinct users.")] = 10_000,
+    items: Annotated[int, typer.Option(min=1, help="Number of distinct items.")] = 2_000,
+    categories: Annotated[int, typer.Option(min=1, help="Number of categories.")] = 40,
+    start_time: Annotated[str | None, typer.Option(help="Event time of the first event (ISO-8601); default now.")] = None,
+    output: Annotated[Path | None, typer.Option(help="Write JSON lines to this file instead of Kafka.")] = None,
+) -> None:
+    """Send a synthetic store clickstream (Zipf popularity, sessions, conversions) to Kafka."""
+    from pipelines.generate import GeneratorConfig, run_generate
+
+    settings = load_settings()
+    config = GeneratorConfig(
+        seed=seed, users=users, items=items, categories=categories, bad_fraction=bad_fraction,
+    )
+    run_generate(settings, config, count=count, duration=duration, rate=rate,
+                 start_time=start_time, output=output)
+
+
+@app.command()
+def replay(
+    path: Annotated[Path | None, typer.Argument(help="CSV or Parquet file (default: the preset's file).")] = None,
+    preset: Annotated[str | None, typer.Option(help="Column mapping preset, e.g. 'online-retail'.")] = None,
+    mapping: Annotated[list[str] | None, typer.Option(
+        "--map", help="FIELD=COLUMN or FIELD==CONSTANT, e.g. --map user_id=CustomerID --map event_type==purchase."
+    )] = None,
+    speedup: Annotated[float | None, typer.Option(min=0.0, help="Time compression factor (default: as fast as possible).")] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="Send at most this many rows.")] = None,
+    output: Annotated[Path | None, typer.Option(help="Write JSON lines to this file instead of Kafka.")] = None,
+) -> None:
+    """Replay a real data set into the topic in event-time order; rejected rows are sent too."""
+    from pipelines.replay import run_replay
+
+    run_replay(load_settings(), path=path, preset=preset, mapping=mapping or [],
+               speedup=speedup, limit=limit, output=output)
+
+
+# --------------------------------------------------------------- the rest
+def _not_yet(command: str, issue: int) -> None:
+    raise UserError(f"`shopstream {command}` is not available yet (tracked in issue {issue})")
+
+
+@app.command()
+def stream() -> None:
+    """Run the streaming feature job: Kafka -> validation -> Parquet + Redis features."""
+    _not_yet("stream", 4)
+
+
+@app.command()
+def backfill() -> None:
+    """Compute features in batch from the offline store and write snapshots (and Redis)."""
+    _not_yet("backfill", 3)
+
+
+@app.command()
+def train() -> None:
+    """Train, evaluate and register recommendation models with MLflow."""
+    _not_yet("train", 5)
+
+
+@app.command()
+def serve() -> None:
+    """Serve top sellers and recommendations over HTTP."""
+    _not_yet("serve", 6)
+
+
+@app.command()
+def verify() -> None:
+    """Compare online (streamed) feature values with a batch recomputation."""
+    _not_yet("verify", 4)
+
+
+@app.command()
+def status() -> None:
+    """Show infrastructure health and the streaming job's latest progress."""
+    infra_status()
+
+
+@app.command()
+def demo() -> None:
+    """Run the whole story on local defaults: infra, replay + generated stream, a count read back."""
+    from pipelines.demo import run_demo
+
+    run_demo(load_settings())
+
+
+def main() -> None:
+    """Console-script entry point: user errors become one line, not a traceback."""
+    from pipelines.infra.jars import JarResolutionError
+    from pipelines.infra.process import StartupError
+
+    try:
+        app()
+    except (UserError, StartupError, JarResolutionError, FileNotFoundError) as exc:
+        if _state["debug"]:
+            raise
+        console.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        sys.exit(2 if isinstance(exc, UserError) else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Clients for Redis and Kafka, built from :class:`~pipelines.settings.Settings`.
+
+The one place that turns settings into connection options (AUTH, ACL user, TLS,
+SASL), so the stream, the training job and the API connect the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from pipelines.settings import Settings
+
+__all__ = ["redis_client", "redis_kwargs", "kafka_producer", "kafka_admin", "kafka_consumer"]
+
+
+def redis_kwargs(settings: Settings, *, timeout_ms: int | None = None) -> dict[str, Any]:
+    """Keyword arguments for :class:`redis.Redis` (picklable: safe to ship to executors)."""
+    host, port = settings.redis_address
+    timeout = (timeout_ms or settings.redis_socket_timeout_ms) / 1000.0
+    kwargs: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "db": settings.redis_db,
+        "password": settings.redis_secret(),
+        "username": settings.redis_username,
+        "socket_timeout": timeout,
+        "socket_connect_timeout": max(timeout, 1.0),
+        "health_check_interval": 30,
+    }
+    if settings.redis_tls:
+        kwargs["ssl"] = True
+        kwargs["ssl_cert_reqs"] = "required" if settings.redis_tls_ca_cert else "none"
+        if settings.redis_tls_ca_cert:
+            kwargs["ssl_ca_certs"] = str(settings.redis_tls_ca_cert)
+        if settings.redis_tls_cert:
+            kwargs["ssl_certfile"] = str(settings.redis_tls_cert)
+        if settings.redis_tls_key:
+            kwargs["ssl_keyfile"] = str(settings.redis_tls_key)
+    return kwargs
+
+
+def redis_client(settings: Settings, *, timeout_ms: int | None = None, **overrides: Any) -> redis.Redis:
+    """A pooled Redis client (hiredis parser when installed, which redis-py picks itself)."""
+    kwargs = redis_kwargs(settings, timeout_ms=timeout_ms)
+    kwargs.update(overrides)
+    return redis.Redis(**kwargs)
+
+
+def kafka_producer(settings: Settings, **overrides: Any) -> Any:
+    from kafka import KafkaProducer
+
+    cfg: dict[str, Any] = settings.kafka_client_config()
+    cfg.update(
+        acks="all",
+        linger_ms=20,
+        batch_size=256 * 1024,
+        compression_type=None,
+        max_in_flight_requests_per_connection=5,
+        retries=10,
+    )
+    cfg.update(overrides)
+    return KafkaProducer(**cfg)
+
+
+def kafka_admin(settings: Settings, **overrides: Any) -> Any:
+    from kafka.admin import KafkaAdminClient
+
+    cfg: dict[str, Any] = settings.kafka_client_config()
+    cfg.update(request_timeout_ms=10_000)
+    cfg.update(overrides)
+    return KafkaAdminClient(**cfg)
+
+
+def kafka_consumer(settings: Settings, *topics: str, **overrides: Any) -> Any:
+    from kafka import KafkaConsumer
+
+    cfg: dict[str, Any] = settings.kafka_client_config()
+    cfg.update(auto_offset_reset="earliest", enable_auto_commit=False)
+    cfg.update(overrides)
+    return KafkaConsumer(*topics, **cfg)

@@ -1,0 +1,143 @@
+"""Background server processes tracked by pid files.
+
+``infra up`` starts each server in its own session (so a Ctrl-C in the shell
+that ran ``up`` does not kill it), records its pid, and ``infra down`` stops
+exactly the pids it recorded: never a process the project did not start.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+__all__ = ["ManagedProcess", "wait_until", "StartupError"]
+
+T = TypeVar("T")
+
+
+class StartupError(RuntimeError):
+    """A server did not become ready in time; the message names its log file."""
+
+
+def wait_until(
+    probe: Callable[[], T | None],
+    *,
+    timeout: float,
+    what: str,
+    interval: float = 0.1,
+    alive: Callable[[], bool] | None = None,
+    log_file: Path | None = None,
+) -> T:
+    """Call ``probe`` until it returns a truthy value (exceptions count as "not yet").
+
+    Backs off from ``interval`` up to one second. Fails fast when ``alive``
+    says the process behind it has exited.
+    """
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    delay = interval
+    while True:
+        try:
+            result = probe()
+            if result:
+                return result
+        except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
+            last_error = exc
+        hint = f"; see {log_file}" if log_file else ""
+        if alive is not None and not alive():
+            raise StartupError(f"{what} exited during startup{hint}")
+        if time.monotonic() > deadline:
+            detail = f" (last error: {last_error})" if last_error else ""
+            raise StartupError(f"{what} not ready after {timeout:.0f}s{detail}{hint}")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 1.0)
+
+
+class ManagedProcess:
+    """A server process identified by a pid file."""
+
+    def __init__(self, name: str, pid_file: Path, log_file: Path) -> None:
+        self.name = name
+        self.pid_file = pid_file
+        self.log_file = log_file
+
+    @property
+    def pid(self) -> int | None:
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        return pid if _alive(pid) else None
+
+    def is_running(self) -> bool:
+        return self.pid is not None
+
+    def start(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, cwd: Path | None = None) -> int:
+        self.pid_file.parent.mkdir(parents=True, exist_ok=True)
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "ab") as log:
+            proc = subprocess.Popen(  # noqa: S603 - command built from settings, not user input
+                list(cmd),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        self.pid_file.write_text(str(proc.pid))
+        return proc.pid
+
+    def stop(self, timeout: float = 20.0, sig: int = signal.SIGTERM) -> bool:
+        """Stop the recorded pid; escalate to SIGKILL after ``timeout``. True if it was running."""
+        pid = self.pid
+        if pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return False
+        _signal(pid, sig)
+        deadline = time.monotonic() + timeout
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(pid):
+            _signal(pid, signal.SIGKILL)
+            while _alive(pid):
+                time.sleep(0.05)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would (reliability tests)."""
+        self.stop(timeout=0, sig=signal.SIGKILL)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours is not alive; reap it if it is ours.
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        return state != "Z"
+    except (FileNotFoundError, IndexError):
+        return True

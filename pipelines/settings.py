@@ -1,0 +1,275 @@
+"""The one place where shopstream reads its configuration.
+
+Every host, port, path, topic and secret comes from here: environment variables
+prefixed ``SHOPSTREAM_`` (and an optional ``.env`` file in the working
+directory). Build a :class:`Settings` once at the edge (CLI, test fixture,
+notebook) and pass it down; nothing else reads ``os.environ``.
+
+Secrets are :class:`pydantic.SecretStr`, so they print as ``**********`` in
+reprs, logs and ``shopstream status``.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "HostPort", "parse_host_port"]
+
+ENV_PREFIX = "SHOPSTREAM_"
+
+
+class HostPort(tuple[str, int]):
+    """A ``(host, port)`` pair parsed from ``host:port``."""
+
+    @property
+    def host(self) -> str:
+        return self[0]
+
+    @property
+    def port(self) -> int:
+        return self[1]
+
+
+def parse_host_port(text: str) -> HostPort:
+    """Parse ``host:port`` (IPv6 as ``[::1]:9092``) into a :class:`HostPort`."""
+    text = text.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest.lstrip(":")
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            raise ValueError(f"expected host:port, got {text!r}")
+    if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"expected host:port with a port in 1..65535, got {text!r}")
+    return HostPort((host, int(port_text)))
+
+
+class Settings(BaseSettings):
+    """shopstream's settings; see the README's "Settings" table for every field."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        validate_default=True,
+    )
+
+    # --- storage -------------------------------------------------------
+    data_dir: str = ".shopstream"
+    """Root of the offline store, checkpoints, MLflow store and local server data.
+    A local path or a URI (``s3a://bucket/prefix``) for the Spark-written parts."""
+    cache_dir: Path = Path.home() / ".cache" / "shopstream"
+    """Where resolved JVM jars are cached between clones (never committed)."""
+    run_dir: str | None = None
+    """Where local servers keep pid files, configs, logs and data (default: ``<data_dir>/run``)."""
+
+    # --- Kafka ---------------------------------------------------------
+    kafka_bootstrap_servers: str = "127.0.0.1:9092"
+    kafka_topic_events: str = "clickstream.events.v1"
+    kafka_topic_partitions: int = Field(default=4, ge=1, le=1024)
+    kafka_security_protocol: str = "PLAINTEXT"
+    """PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (managed Kafka: SASL_SSL)."""
+    kafka_sasl_mechanism: str | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_controller_port: int = Field(default=9093, ge=1, le=65535)
+    """Controller listener of the embedded KRaft broker (local only)."""
+    kafka_version: str = "4.1.1"
+    """Apache Kafka release of the embedded broker's jars."""
+    kafka_heap: str = "512m"
+
+    # --- Redis ---------------------------------------------------------
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """``redis://`` or ``rediss://`` (TLS); a password in the URL also works."""
+    redis_password: SecretStr | None = None
+    redis_username: str | None = None
+    """ACL user; with no username the password authenticates the default user."""
+    redis_tls_ca_cert: Path | None = None
+    redis_tls_cert: Path | None = None
+    redis_tls_key: Path | None = None
+    redis_socket_timeout_ms: int = Field(default=50, ge=1, le=60_000)
+    redis_server_bin: str = "redis-server"
+
+    # --- Spark ---------------------------------------------------------
+    spark_master: str = "local[2]"
+    spark_shuffle_partitions: int = Field(default=2, ge=1)
+    spark_driver_memory: str = "2g"
+    spark_kafka_connector_version: str | None = None
+    """Version of ``spark-sql-kafka-0-10``; default: the installed pyspark's, falling back
+    to the newest release that Maven Central has when that one is not published yet."""
+    spark_log_level: str = "WARN"
+
+    # --- features ------------------------------------------------------
+    feature_slide_seconds: int = Field(default=60, ge=1)
+    """Tile size and snapshot cadence of the sliding windows."""
+    feature_allowed_lateness_seconds: int = Field(default=600, ge=0)
+    """Events older than the stream's max event time minus this are quarantined as late."""
+    feature_top_n: int = Field(default=100, ge=1, le=10_000)
+    feature_last_items_n: int = Field(default=10, ge=1, le=100)
+    online_ttl_seconds: int = Field(default=7 * 24 * 3600, ge=60)
+
+    # --- streaming -----------------------------------------------------
+    stream_trigger_seconds: float = Field(default=1.0, ge=0)
+    stream_max_offsets_per_trigger: int = Field(default=200_000, ge=1)
+    stream_starting_offsets: str = "earliest"
+    checkpoint_dir: str | None = None
+    """Default ``<data_dir>/checkpoints``; URI-capable."""
+
+    # --- MLflow / training --------------------------------------------
+    mlflow_tracking_uri: str | None = None
+    """Default: a SQLite store under the data dir."""
+    mlflow_experiment: str = "shopstream"
+    model_name: str = "shopstream-recommender"
+
+    # --- serving -------------------------------------------------------
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(default=8000, ge=1, le=65535)
+    api_workers: int = Field(default=1, ge=1, le=64)
+    api_key: SecretStr | None = None
+    """When set, every API route but /healthz needs header ``X-API-Key``."""
+
+    # --- validators ----------------------------------------------------
+    @field_validator("kafka_bootstrap_servers")
+    @classmethod
+    def _check_bootstrap(cls, value: str) -> str:
+        for part in value.split(","):
+            parse_host_port(part)
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        if parts.scheme != "unix" and not parts.hostname:
+            raise ValueError("needs a host, e.g. redis://127.0.0.1:6379/0")
+        return value
+
+    @field_validator("kafka_security_protocol")
+    @classmethod
+    def _check_protocol(cls, value: str) -> str:
+        allowed = {"PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"}
+        if value.upper() not in allowed:
+            raise ValueError(f"must be one of {sorted(allowed)}")
+        return value.upper()
+
+    @model_validator(mode="after")
+    def _check_sasl(self) -> Settings:
+        if self.kafka_security_protocol.startswith("SASL") and not self.kafka_sasl_mechanism:
+            raise ValueError("kafka_sasl_mechanism is required with a SASL security protocol")
+        return self
+
+    # --- derived values ------------------------------------------------
+    @property
+    def is_local_data_dir(self) -> bool:
+        return "://" not in self.data_dir or self.data_dir.startswith("file://")
+
+    def data_path(self, *parts: str) -> str:
+        """A path (or URI) under the data dir, for Spark and pyarrow alike."""
+        base = self.data_dir.rstrip("/")
+        if self.is_local_data_dir:
+            base = str(Path(base.removeprefix("file://")).expanduser().resolve())
+        return "/".join([base, *parts])
+
+    @property
+    def run_path(self) -> Path:
+        """Local folder for server processes (always a local path)."""
+        return Path(self.run_dir).expanduser().resolve() if self.run_dir else Path(
+            self.data_path("run")
+        )
+
+    @property
+    def checkpoint_path(self) -> str:
+        return self.checkpoint_dir or self.data_path("checkpoints")
+
+    @property
+    def offline_path(self) -> str:
+        """Root of the Parquet offline store (raw events, quarantine, snapshots)."""
+        return self.data_path("offline")
+
+    @property
+    def tracking_uri(self) -> str:
+        if self.mlflow_tracking_uri:
+            return self.mlflow_tracking_uri
+        return "sqlite:///" + self.data_path("mlflow", "mlflow.db")
+
+    @property
+    def mlflow_artifact_root(self) -> str:
+        return self.data_path("mlflow", "artifacts")
+
+    @cached_property
+    def kafka_bootstrap(self) -> list[HostPort]:
+        return [parse_host_port(p) for p in self.kafka_bootstrap_servers.split(",")]
+
+    @property
+    def redis_address(self) -> HostPort:
+        parts = urlsplit(self.redis_url)
+        return HostPort((parts.hostname or "127.0.0.1", parts.port or 6379))
+
+    @property
+    def redis_db(self) -> int:
+        path = urlsplit(self.redis_url).path.strip("/")
+        return int(path) if path.isdigit() else 0
+
+    @property
+    def redis_tls(self) -> bool:
+        return urlsplit(self.redis_url).scheme == "rediss"
+
+    def redis_secret(self) -> str | None:
+        """The Redis password from the setting or from the URL, never logged."""
+        if self.redis_password is not None:
+            return self.redis_password.get_secret_value()
+        return urlsplit(self.redis_url).password
+
+    @property
+    def redis_url_redacted(self) -> str:
+        """The Redis URL with any password masked, for logs and status."""
+        parts = urlsplit(self.redis_url)
+        if parts.password is None:
+            return self.redis_url
+        netloc = f"{parts.username or ''}:***@{parts.hostname}"
+        if parts.port:
+            netloc += f":{parts.port}"
+        return urlunsplit(parts._replace(netloc=netloc))
+
+    def kafka_client_config(self) -> dict[str, object]:
+        """Security options shared by kafka-python producers, consumers and admin clients."""
+        cfg: dict[str, object] = {
+            "bootstrap_servers": self.kafka_bootstrap_servers.split(","),
+            "security_protocol": self.kafka_security_protocol,
+        }
+        if self.kafka_sasl_mechanism:
+            cfg["sasl_mechanism"] = self.kafka_sasl_mechanism
+            cfg["sasl_plain_username"] = self.kafka_sasl_username
+            if self.kafka_sasl_password is not None:
+                cfg["sasl_plain_password"] = self.kafka_sasl_password.get_secret_value()
+        return cfg
+
+    def spark_kafka_options(self) -> dict[str, str]:
+        """Options for Spark's native ``kafka`` source and sink."""
+        opts = {
+            "kafka.bootstrap.servers": self.kafka_bootstrap_servers,
+            "kafka.security.protocol": self.kafka_security_protocol,
+        }
+        if self.kafka_sasl_mechanism:
+            opts["kafka.sasl.mechanism"] = self.kafka_sasl_mechanism
+            if self.kafka_sasl_password is not None:
+                user = self.kafka_sasl_username or ""
+                pw = self.kafka_sasl_password.get_secret_value()
+                module = (
+                    "org.apache.kafka.common.security.scram.ScramLoginModule"
+                    if self.kafka_sasl_mechanism.upper().startswith("SCRAM")
+                    else "org.apache.kafka.common.security.plain.PlainLoginModule"
+                )
+                opts["kafka.sasl.jaas.config"] = (
+                    f'{module} required username="{user}" password="{pw}";'
+                )
+        return opts

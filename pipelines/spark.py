@@ -1,0 +1,46 @@
+"""The SparkSession, built from settings (master, memory, Kafka connector jars).
+
+On a cluster, ``spark-submit`` supplies the master and the session picks it up;
+locally the default is ``local[2]`` with few shuffle partitions, sized for a
+2-core machine.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pipelines.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["spark_session"]
+
+
+def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bool = True) -> SparkSession:
+    """Get or create the session; ``kafka`` adds Spark's Kafka connector jars."""
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(settings.spark_master)
+        .config("spark.driver.memory", settings.spark_driver_memory)
+        .config("spark.sql.shuffle.partitions", str(settings.spark_shuffle_partitions))
+        .config("spark.default.parallelism", str(settings.spark_shuffle_partitions))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.streaming.stateStore.providerClass",
+                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+        .config("spark.sql.warehouse.dir", settings.data_path("spark-warehouse"))
+        .config("spark.driver.extraJavaOptions", "-Dderby.system.home=" + settings.data_path("derby"))
+    )
+    if kafka:
+        from pipelines.infra.jars import spark_kafka_jars
+
+        jars = ",".join(str(p) for p in spark_kafka_jars(settings).jars)
+        builder = builder.config("spark.jars", jars)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel(settings.spark_log_level)
+    return session

@@ -1,0 +1,65 @@
+"""The project's own infra code starts a real Kafka broker and a real redis-server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pipelines.connections import kafka_consumer, kafka_producer
+from pipelines.infra import KafkaBroker, RedisServer
+from pipelines.infra.kafka_broker import topic_message_counts
+from pipelines.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+
+def test_kafka_produce_and_read_back(settings: Settings, kafka_broker: KafkaBroker, topic: str) -> None:
+    producer = kafka_producer(settings)
+    for i in range(50):
+        producer.send(topic, key=f"u{i % 5}".encode(), value=f'{{"n": {i}}}'.encode())
+    producer.flush()
+    producer.close()
+    consumer = kafka_consumer(settings, topic, consumer_timeout_ms=5000)
+    values = sorted(int(m.value.decode()[6:-1]) for m in consumer)
+    consumer.close()
+    assert values == list(range(50))
+    [info] = topic_message_counts(settings, [topic])
+    assert info.messages == 50 and info.partitions == settings.kafka_topic_partitions
+
+
+def test_kafka_start_is_idempotent(settings: Settings, kafka_broker: KafkaBroker) -> None:
+    pid = kafka_broker.process.pid
+    KafkaBroker(settings).start()
+    assert kafka_broker.process.pid == pid
+    names = {t.name for t in topic_message_counts(settings)}
+    assert settings.kafka_topic_events in names
+
+
+def test_redis_roundtrip_and_persistence_config(redis_server: RedisServer, redis_client: Any) -> None:
+    redis_client.set("k", "v")
+    assert redis_client.get("k") == b"v"
+    assert redis_client.config_get("appendonly")["appendonly"] == "yes"
+    assert redis_client.config_get("bind")["bind"].startswith("127.0.0.1")
+
+
+def test_redis_password_required(make_settings: Any, tmp_path: Any) -> None:
+    from tests.conftest import free_port
+
+    port = free_port()
+    secured = make_settings(redis_url=f"redis://127.0.0.1:{port}/0", redis_password="s3cret-pw",
+                            run_dir=str(tmp_path / "run"))
+    server = RedisServer(secured)
+    server.start()
+    try:
+        import redis
+
+        anonymous = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2)
+        with pytest.raises(redis.AuthenticationError):
+            anonymous.ping()
+        status = server.status()
+        assert status["healthy"] is True
+        assert "s3cret-pw" not in (tmp_path / "run" / "redis" / "redis.log").read_text()
+    finally:
+        server.stop()
+    assert not server.process.is_running()

@@ -1,0 +1,32 @@
+"""The Redis key layout: one namespace, ids that cannot escape it."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from features import online_keys as k
+
+
+def test_top_sellers_key_layout() -> None:
+    assert k.top_sellers_key("1h", k.scope_global()) == "ss:v1:top:1h:global"
+    assert k.top_sellers_key("24h", k.scope_for("c1", "UK")) == "ss:v1:top:24h:catreg=c1|UK"
+
+
+def test_top_sellers_key_rejects_unknown_window() -> None:
+    with pytest.raises(ValueError):
+        k.top_sellers_key("2h", k.scope_global())
+
+
+@given(st.text(min_size=1, max_size=64))
+def test_encode_part_never_contains_separators(part: str) -> None:
+    encoded = k.encode_part(part)
+    assert not set(encoded) & set(":*?[]=| ")
+
+
+@given(st.text(min_size=1, max_size=64), st.text(min_size=1, max_size=64))
+def test_user_recs_key_distinct_ids_distinct_keys(a: str, b: str) -> None:
+    if a != b:
+        assert k.user_recs_key("1", a) != k.user_recs_key("1", b)
+    assert k.user_recs_key("1", a).count(":") == 5

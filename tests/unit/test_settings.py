@@ -1,0 +1,46 @@
+"""Settings: one typed object, validated, with secrets that never print."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from pipelines.settings import Settings, parse_host_port
+
+
+def test_settings_reads_prefixed_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHOPSTREAM_KAFKA_BOOTSTRAP_SERVERS", "10.0.0.1:9094,10.0.0.2:9094")
+    monkeypatch.setenv("SHOPSTREAM_REDIS_URL", "rediss://cache.example:6380/2")
+    s = Settings(_env_file=None)
+    assert [hp.port for hp in s.kafka_bootstrap] == [9094, 9094]
+    assert s.redis_tls and s.redis_db == 2 and s.redis_address.port == 6380
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("kafka_bootstrap_servers", "no-port"),
+        ("redis_url", "http://x:1"),
+        ("api_port", 70000),
+        ("kafka_security_protocol", "SASL_SSL"),  # without a mechanism
+    ],
+)
+def test_settings_rejects_bad_values(field: str, value: object) -> None:
+    with pytest.raises(ValidationError) as info:
+        Settings(_env_file=None, **{field: value})
+    assert info.value.errors()
+
+
+def test_settings_secrets_never_print() -> None:
+    s = Settings(_env_file=None, redis_password="hunter2", api_key="k-123",
+                 redis_url="redis://:urlpass@127.0.0.1:6379/0")
+    text = repr(s) + str(s.model_dump())
+    assert "hunter2" not in text and "k-123" not in text
+    assert "urlpass" not in s.redis_url_redacted
+    assert s.redis_secret() == "hunter2"
+
+
+def test_parse_host_port_ipv6() -> None:
+    assert parse_host_port("[::1]:9092") == ("::1", 9092)
+    with pytest.raises(ValueError):
+        parse_host_port("host:0")
