@@ -50,6 +50,7 @@ def make_settings(base_dir: Path) -> Callable[..., Settings]:
             "kafka_topic_partitions": 2,
             "spark_shuffle_partitions": 2,
             "spark_log_level": "ERROR",
+            "spark_driver_memory": "1g",
         }
         values.update(overrides)
         return Settings(_env_file=None, **values)  # type: ignore[call-arg]
