@@ -135,6 +135,11 @@ class Settings(BaseSettings):
     api_key: SecretStr | None = None
     """When set, every API route but /healthz needs header ``X-API-Key``."""
 
+    # --- replay --------------------------------------------------------
+    shared_data_dir: Path = Path("../shared/data")
+    """Folder of the real data sets that ``shopstream replay`` presets read (relative to the
+    working directory, i.e. the repo root, unless absolute)."""
+
     # --- validators ----------------------------------------------------
     @field_validator("kafka_bootstrap_servers")
     @classmethod
