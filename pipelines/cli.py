@@ -221,11 +221,13 @@ def status() -> None:
 
 
 @app.command()
-def demo() -> None:
-    """Run the whole story on local defaults: infra, replay + generated stream, a count read back."""
+def demo(
+    keep_running: Annotated[bool, typer.Option(help="Leave the servers running afterwards.")] = False,
+) -> None:
+    """Run the whole story on local defaults, starting (and then stopping) the servers itself."""
     from pipelines.demo import run_demo
 
-    run_demo(load_settings())
+    run_demo(load_settings(), keep_running=keep_running)
 
 
 def main() -> None:
