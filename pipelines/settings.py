@@ -128,12 +128,74 @@ class Settings(BaseSettings):
     mlflow_experiment: str = "shopstream"
     model_name: str = "shopstream-recommender"
 
+    # --- training ------------------------------------------------------
+    train_event_weights: dict[str, float] = {"view": 1.0, "add_to_cart": 3.0, "purchase": 5.0}
+    """Implicit-feedback weight of one event per event type; a (user, item) cell is
+    ``log1p`` of the summed weights. JSON in the environment: ``{"view": 1, ...}``."""
+    train_split: str = Field(default="time", pattern="^(time|user_random)$")
+    """``time``: train on the past, test on the following period; ``user_random``: hold out
+    a random share of each user's interactions."""
+    train_test_fraction: float = Field(default=0.2, gt=0.0, lt=1.0)
+    """Share of interactions (the most recent ones for the time split) held out for testing;
+    the validation split is carved from the training part the same way."""
+    train_test_days: float | None = Field(default=None, gt=0.0)
+    """Time split only: the test period is the last N days instead of a share of rows."""
+    train_eval_ks: list[int] = [5, 10, 20]
+    """Cut-offs k for precision/recall/NDCG/MAP/hit rate/coverage@k."""
+    train_gate_metric: str = "ndcg@10"
+    """Metric that ranks models and gates promotion to ``champion`` (``name@k``)."""
+    train_promotion_margin: float = Field(default=0.0, ge=0.0)
+    """A challenger becomes champion only if its gate metric exceeds the champion's, measured
+    on the same test split, by more than this relative margin (0.02 = 2 % better)."""
+    train_score_top_n: int = Field(default=100, ge=1, le=1000)
+    """Recommendations per user (and similar items per item) written to Redis by batch scoring."""
+    train_score_chunk: int = Field(default=1000, ge=1)
+    """Users (or items) per pipelined Redis round trip while batch scoring."""
+    train_seed: int = 42
+    """Seed for the random split, model initialisation and sampling."""
+    train_feature_service: str = "ranking_v1"
+    """Feast feature service the learning-to-rank model reads its features from."""
+
     # --- serving -------------------------------------------------------
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8000, ge=1, le=65535)
     api_workers: int = Field(default=1, ge=1, le=64)
     api_key: SecretStr | None = None
     """When set, every API route but /healthz needs header ``X-API-Key``."""
+    api_access_log: bool = False
+    """uvicorn's per-request access log; off by default because it costs latency."""
+    api_limit_concurrency: int | None = Field(default=None, ge=1)
+    """Requests in flight per worker beyond which uvicorn answers 503 (none: unlimited)."""
+    serving_deadline_ms: int = Field(default=200, ge=5, le=60_000)
+    """Budget for all Redis work of one API request; past it the API answers degraded or 503.
+    Each single Redis read is also bounded by ``redis_socket_timeout_ms``."""
+    serving_redis_connect_timeout_ms: int = Field(default=100, ge=1, le=60_000)
+    """Connect timeout of the serving Redis pool (the pipelines' clients wait longer)."""
+    serving_redis_max_connections: int = Field(default=32, ge=1, le=10_000)
+    """Size of each serving process's Redis connection pool."""
+    serving_breaker_cooldown_ms: int = Field(default=500, ge=0, le=600_000)
+    """After a Redis failure, answer from memory for this long before trying Redis again."""
+    serving_live_model_refresh_ms: int = Field(default=1000, ge=0, le=600_000)
+    """How long the in-process copy of the live model pointer is trusted without re-reading."""
+    serving_refresh_seconds: float = Field(default=5.0, gt=0, le=3600)
+    """Cadence of the API's background refresh of the last-known global top sellers."""
+    serving_fallback_window: str = Field(default="24h", pattern=r"^(1h|24h)$")
+    """Window of the top sellers served to cold-start users and when Redis is down."""
+    serving_fallback_size: int = Field(default=100, ge=1, le=1000)
+    """Items of each last-known top-sellers list kept in memory for degraded answers."""
+    serving_candidates: int = Field(default=100, ge=1, le=10_000)
+    """Model candidates read per recommendation request before re-ranking."""
+    serving_category_boost: float = Field(default=0.5, ge=0, le=10)
+    """Re-ranking: relative boost of a candidate whose category the user was active in
+    during the last hour (0 disables)."""
+    serving_trending_share: float = Field(default=0.2, ge=0, le=1)
+    """Re-ranking: share of the answer given to items trending in the user's region."""
+    serving_trending_window: str = Field(default="1h", pattern=r"^(1h|24h)$")
+    """Window of the trending list mixed into recommendations."""
+    serving_item_cache_size: int = Field(default=200_000, ge=0)
+    """Item -> category entries cached in process (categories change rarely)."""
+    serving_item_cache_ttl_seconds: float = Field(default=600.0, ge=0)
+    """How long a cached item -> category entry is trusted."""
 
     # --- replay --------------------------------------------------------
     shared_data_dir: Path = Path("../shared/data")
