@@ -1,0 +1,303 @@
+"""Layer 1 of the feature computation: validated events -> per-tile partial aggregates.
+
+Windows are sliding ("the last hour, as of now") and are built from *tiles*, as
+Chronon does. The tile size ``s`` is the ``feature_slide_seconds`` setting
+(60 s by default) and is the same for every window::
+
+    tile_start(t) = floor(epoch_seconds(t) / s) * s
+
+A tile holds the partial aggregate of one entity's events whose ``event_time``
+falls in ``[tile_start, tile_start + s)``. :mod:`features.windows` (layer 2)
+sums the tiles of a window into feature rows as of a time ``T``.
+
+Three tile tables, each keyed by the entity and ``tile_start``:
+
+* :func:`user_tiles` -- ``user_id``: views, carts, purchases, spend (sum of
+  ``price * quantity`` over purchases), the set of items viewed, per-category
+  activity weights (:data:`ACTIVITY_WEIGHTS`), the latest event time and the
+  last ``N`` distinct items viewed with their view times.
+* :func:`item_tiles` -- ``item_id``: views, carts, purchases, units (sum of
+  ``quantity`` over purchases), revenue (sum of ``price * quantity`` over
+  purchases) and the item's category (from its latest event in the tile).
+* :func:`sales_tiles` -- ``(item_id, category_id, region)``: purchases, units
+  and revenue; the input of top sellers and trending per scope.
+
+Streaming use
+-------------
+Each tile function is one ``groupBy(keys..., window(event_time, s))`` with
+plain aggregate expressions (``sum``, ``max``, ``max_by``, ``collect_set``,
+``collect_list``) followed by a row-wise projection. That is what Structured
+Streaming runs in a stateful aggregation: with
+``events.withWatermark("event_time", ...)`` upstream, the tumbling ``window``
+on the watermarked column lets Spark evict closed tiles, in append or update
+mode. No distinct aggregates, no sorting, no joins, no second aggregation.
+The same functions run on static DataFrames for the backfill and from
+``foreachBatch``.
+
+Extra grouping columns (``by``) let the backfill build "head" tiles per as-of
+time (see :func:`features.windows.features_over_time`); the stream leaves it
+empty.
+
+Every function here is DataFrame in, DataFrame out: no session, no I/O, no
+settings read (sizes are parameters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+__all__ = [
+    "ACTIVITY_WEIGHTS",
+    "USER_TILE_COLUMNS",
+    "ITEM_TILE_COLUMNS",
+    "SALES_TILE_COLUMNS",
+    "tile_start_seconds",
+    "sum_category_weights",
+    "latest_distinct_items",
+    "user_tiles",
+    "item_tiles",
+    "sales_tiles",
+]
+
+ACTIVITY_WEIGHTS: Mapping[str, float] = MappingProxyType(
+    {"view": 1.0, "add_to_cart": 3.0, "purchase": 5.0}
+)
+"""Weight of one event of each type in a user's category affinity."""
+
+USER_TILE_COLUMNS: tuple[str, ...] = (
+    "user_id",
+    "tile_start",
+    "views",
+    "carts",
+    "purchases",
+    "spend",
+    "items_viewed",
+    "category_weights",
+    "last_event_time",
+    "last_viewed",
+)
+"""Columns of :func:`user_tiles` (after any ``by`` columns).
+
+``tile_start`` bigint epoch seconds; ``views``/``carts``/``purchases`` bigint;
+``spend`` double; ``items_viewed`` array<string> (distinct, unordered);
+``category_weights`` array<struct<category_id: string, weight: double>> (one
+entry per category); ``last_event_time`` timestamp; ``last_viewed``
+array<struct<event_time: timestamp, item_id: string>>, at most ``N`` distinct
+items, most recent first (ties: item_id ascending).
+"""
+
+ITEM_TILE_COLUMNS: tuple[str, ...] = (
+    "item_id",
+    "tile_start",
+    "category_id",
+    "category_time",
+    "views",
+    "carts",
+    "purchases",
+    "units",
+    "revenue",
+)
+"""Columns of :func:`item_tiles` (after any ``by`` columns).
+
+``category_id`` is the category of the item's latest event in the tile
+(``category_time`` its event time, so layer 2 can pick the latest across
+tiles); counts and ``units`` bigint, ``revenue`` double.
+"""
+
+SALES_TILE_COLUMNS: tuple[str, ...] = (
+    "item_id",
+    "category_id",
+    "region",
+    "tile_start",
+    "purchases",
+    "units",
+    "revenue",
+)
+"""Columns of :func:`sales_tiles` (after any ``by`` columns); only purchases make rows."""
+
+
+
+def _is(event_type: str) -> Column:
+    return F.col("event_type") == F.lit(event_type)
+
+
+def tile_start_seconds(ts: Column | str, slide_seconds: int) -> Column:
+    """``floor(epoch_seconds(ts) / s) * s`` as a bigint column (exact for sub-second times)."""
+    col = F.col(ts) if isinstance(ts, str) else ts
+    micros = F.unix_micros(col)
+    step = F.lit(int(slide_seconds) * 1_000_000)
+    # floor division on longs; pmod keeps it right for times before 1970 too
+    return ((micros - F.pmod(micros, step)) / F.lit(1_000_000)).cast("bigint")
+
+
+def _count(cond: Column) -> Column:
+    return F.sum(F.when(cond, F.lit(1)).otherwise(F.lit(0))).cast("bigint")
+
+
+def _amount(cond: Column) -> Column:
+    value = F.col("price") * F.col("quantity").cast("double")
+    return F.coalesce(F.sum(F.when(cond, value)), F.lit(0.0)).cast("double")
+
+
+def _units(cond: Column) -> Column:
+    return F.coalesce(F.sum(F.when(cond, F.col("quantity").cast("bigint"))), F.lit(0)).cast(
+        "bigint"
+    )
+
+
+def _window(slide_seconds: int) -> Column:
+    if slide_seconds < 1:
+        raise ValueError("slide_seconds must be >= 1")
+    return F.window("event_time", f"{int(slide_seconds)} seconds").alias("_tile")
+
+
+def _tile_start_from_window() -> Column:
+    return F.unix_seconds(F.col("_tile.start")).alias("tile_start")
+
+
+def _activity_weight() -> Column:
+    weight = F.lit(None).cast("double")
+    for event_type, value in reversed(list(ACTIVITY_WEIGHTS.items())):
+        weight = F.when(F.col("event_type") == F.lit(event_type), F.lit(float(value))).otherwise(
+            weight
+        )
+    return weight
+
+
+def sum_category_weights(entries: Column) -> Column:
+    """Merge an array<struct<category_id, weight>> into one entry per category (summed).
+
+    Row-wise (higher-order functions), so it runs after a streaming aggregation
+    and in layer 2. Entry order is unspecified.
+    """
+    cats = F.array_distinct(F.transform(entries, lambda e: e["category_id"]))
+    return F.transform(
+        cats,
+        lambda c: F.struct(
+            c.alias("category_id"),
+            F.aggregate(
+                F.filter(entries, lambda e: e["category_id"] == c),
+                F.lit(0.0),
+                lambda acc, e: acc + e["weight"],
+            ).alias("weight"),
+        ),
+    )
+
+
+def latest_distinct_items(entries: Column, n: int) -> Column:
+    """The ``n`` most recent distinct items of an array<struct<event_time, item_id>>.
+
+    Most recent first; equal times are ordered by item_id ascending, so the
+    result is deterministic. Row-wise (higher-order functions).
+    """
+    ordered = F.array_sort(
+        entries,
+        lambda left, right: F.when(left["event_time"] > right["event_time"], F.lit(-1))
+        .when(left["event_time"] < right["event_time"], F.lit(1))
+        .when(left["item_id"] < right["item_id"], F.lit(-1))
+        .when(left["item_id"] > right["item_id"], F.lit(1))
+        .otherwise(F.lit(0)),
+    )
+    ids = F.transform(ordered, lambda e: e["item_id"])
+    # keep an entry only if its item did not occur earlier in the sorted array
+    first = F.filter(
+        ordered,
+        lambda e, i: ~F.array_contains(F.slice(ids, F.lit(1), i), e["item_id"]),
+    )
+    return F.slice(first, 1, int(n))
+
+
+def user_tiles(
+    events: DataFrame,
+    *,
+    slide_seconds: int,
+    last_items_n: int,
+    by: Sequence[str] = (),
+) -> DataFrame:
+    """Per-(user, tile) partial aggregates of validated events.
+
+    Parameters
+    ----------
+    events
+        Validated events (:data:`features.events.VALID_COLUMNS`); static or
+        streaming (with a watermark on ``event_time`` for a bounded state).
+    slide_seconds
+        Tile size ``s`` (the ``feature_slide_seconds`` setting).
+    last_items_n
+        How many distinct recently viewed items a tile keeps (``feature_last_items_n``).
+    by
+        Extra grouping columns kept in front of the output (backfill only).
+
+    Returns
+    -------
+    DataFrame
+        ``by`` columns, then :data:`USER_TILE_COLUMNS`.
+    """
+    view_pair = F.struct(F.col("event_time").alias("event_time"), F.col("item_id").alias("item_id"))
+    category_entry = F.struct(
+        F.col("category_id").alias("category_id"), _activity_weight().alias("weight")
+    )
+    agg = events.groupBy(*by, "user_id", _window(slide_seconds)).agg(
+        _count(_is("view")).alias("views"),
+        _count(_is("add_to_cart")).alias("carts"),
+        _count(_is("purchase")).alias("purchases"),
+        _amount(_is("purchase")).alias("spend"),
+        F.collect_set(F.when(_is("view"), F.col("item_id"))).alias("_items"),
+        F.collect_list(category_entry).alias("_categories"),
+        F.max("event_time").alias("last_event_time"),
+        F.collect_list(F.when(_is("view"), view_pair)).alias("_viewed"),
+    )
+    return agg.select(
+        *by,
+        "user_id",
+        _tile_start_from_window(),
+        "views",
+        "carts",
+        "purchases",
+        "spend",
+        F.col("_items").alias("items_viewed"),
+        sum_category_weights(F.col("_categories")).alias("category_weights"),
+        "last_event_time",
+        latest_distinct_items(F.col("_viewed"), last_items_n).alias("last_viewed"),
+    )
+
+
+def item_tiles(events: DataFrame, *, slide_seconds: int, by: Sequence[str] = ()) -> DataFrame:
+    """Per-(item, tile) partial aggregates of validated events.
+
+    Returns ``by`` columns, then :data:`ITEM_TILE_COLUMNS`. See :func:`user_tiles`
+    for the parameters.
+    """
+    agg = events.groupBy(*by, "item_id", _window(slide_seconds)).agg(
+        F.max_by("category_id", "event_time").alias("category_id"),
+        F.max("event_time").alias("category_time"),
+        _count(_is("view")).alias("views"),
+        _count(_is("add_to_cart")).alias("carts"),
+        _count(_is("purchase")).alias("purchases"),
+        _units(_is("purchase")).alias("units"),
+        _amount(_is("purchase")).alias("revenue"),
+    )
+    return agg.select(*by, "item_id", _tile_start_from_window(), *ITEM_TILE_COLUMNS[2:])
+
+
+def sales_tiles(events: DataFrame, *, slide_seconds: int, by: Sequence[str] = ()) -> DataFrame:
+    """Per-(item, category, region, tile) sales of validated events (purchases only).
+
+    Returns ``by`` columns, then :data:`SALES_TILE_COLUMNS`.
+    """
+    agg = (
+        events.where(_is("purchase"))
+        .groupBy(*by, "item_id", "category_id", "region", _window(slide_seconds))
+        .agg(
+            F.count(F.lit(1)).cast("bigint").alias("purchases"),
+            _units(F.lit(True)).alias("units"),
+            _amount(F.lit(True)).alias("revenue"),
+        )
+    )
+    return agg.select(
+        *by, "item_id", "category_id", "region", _tile_start_from_window(), *SALES_TILE_COLUMNS[4:]
+    )
