@@ -79,12 +79,12 @@ from pyspark.sql import functions as F
 
 from features.online_keys import WINDOWS
 from features.tiles import (
+    item_tiles,
     latest_distinct_items,
     sales_tiles,
     sum_category_weights,
     tile_start_seconds,
     user_tiles,
-    item_tiles,
 )
 
 __all__ = [
