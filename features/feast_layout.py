@@ -1,0 +1,264 @@
+"""Feast's Redis layout for shopstream's entity features, as pure functions.
+
+The feature views ``user_activity`` and ``item_stats`` are declared here once
+(names, entity join keys, features and their types); the Feast definitions
+(:mod:`pipelines.feast_store`) are generated from these specs, and the fast
+online writer (:mod:`pipelines.online_writer`) encodes rows with them, so that
+Feast's own ``FeatureStore.get_online_features`` reads what the writer wrote.
+
+The layout is Feast 0.67's ``RedisOnlineStore`` (``sdk/python/feast/infra/
+online_stores/redis.py``) with ``entity_key_serialization_version: 3``:
+
+* key: ``serialize_entity_key(EntityKey(join_keys=[k], entity_values=[v]))``
+  followed by the project name's UTF-8 bytes. Version 3 is, for one string key,
+  ``<I 1>`` (number of keys), ``<I STRING=2>``, ``<I len(k)>``, ``k``, then
+  ``<I STRING=2>``, ``<I len(v)>``, ``v`` (all little-endian);
+* one Redis hash per entity key, shared by every feature view of that entity;
+* field ``mmh3_32("{view}:{feature}")`` (4 bytes, little-endian, unsigned
+  murmur3 seed 0) -> a serialized ``feast.types.Value`` protobuf;
+* field ``_ts:{view}`` -> a serialized ``google.protobuf.Timestamp`` of the
+  row's event timestamp;
+* ``EXPIRE`` with the online store's ``key_ttl_seconds`` when it is set.
+
+Values: ``int64`` -> ``int64_val``, ``double`` -> ``double_val``, ``string`` ->
+``string_val``, ``timestamp`` -> ``unix_timestamp_val`` (whole seconds, as Feast
+stores ``UnixTimestamp``), ``string_list`` -> ``string_list_val``,
+``double_list`` -> ``double_list_val``; ``None`` is an empty ``Value`` (Feast's
+null). ``tests/integration/test_online_writer.py`` checks the bytes against
+Feast's own writer and the values against ``get_online_features``.
+
+No I/O here; only ``mmh3`` and Feast's generated protobuf classes.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import mmh3
+from feast.protos.feast.types.Value_pb2 import DoubleList, StringList
+from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+from google.protobuf.timestamp_pb2 import Timestamp
+
+__all__ = [
+    "PROJECT",
+    "ENTITY_KEY_SERIALIZATION_VERSION",
+    "FeatureKind",
+    "ViewSpec",
+    "USER_ACTIVITY",
+    "ITEM_STATS",
+    "VIEWS",
+    "entity_key",
+    "feature_field",
+    "timestamp_field",
+    "encode_value",
+    "encode_timestamp",
+    "decode_value",
+]
+
+PROJECT = "shopstream"
+"""The Feast project name (part of every entity key in Redis)."""
+ENTITY_KEY_SERIALIZATION_VERSION = 3
+_STRING = 2  # feast.types.ValueType.STRING
+
+FeatureKind = Literal["int64", "double", "string", "timestamp", "string_list", "double_list"]
+
+
+def entity_key(join_key: str, value: str, project: str = PROJECT) -> bytes:
+    """The Redis key of one entity (string join key), as Feast's ``_redis_key`` builds it."""
+    k = join_key.encode("utf-8")
+    v = str(value).encode("utf-8")
+    return b"".join(
+        (
+            struct.pack("<III", 1, _STRING, len(k)),
+            k,
+            struct.pack("<II", _STRING, len(v)),
+            v,
+            project.encode("utf-8"),
+        )
+    )
+
+
+def feature_field(view: str, feature: str) -> bytes:
+    """The hash field of one feature: unsigned murmur3-32 of ``view:feature``, little-endian."""
+    return struct.pack("<I", mmh3.hash(f"{view}:{feature}", signed=False))
+
+
+def timestamp_field(view: str) -> bytes:
+    """The hash field holding a view's event timestamp."""
+    return f"_ts:{view}".encode()
+
+
+def _aware(ts: datetime) -> datetime:
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts
+
+
+def encode_timestamp(ts: datetime) -> bytes:
+    """A serialized ``google.protobuf.Timestamp`` (naive datetimes are UTC)."""
+    proto = Timestamp()
+    proto.FromDatetime(_aware(ts))
+    return proto.SerializeToString()
+
+
+def _epoch_seconds(value: Any) -> int:
+    if isinstance(value, datetime):
+        return int(_aware(value).timestamp())
+    return int(value)
+
+
+def encode_value(kind: FeatureKind, value: Any) -> bytes:
+    """One feature value as Feast's serialized ``Value`` proto (``None`` -> empty Value)."""
+    if value is None:
+        return ValueProto().SerializeToString()
+    if kind == "int64":
+        proto = ValueProto(int64_val=int(value))
+    elif kind == "double":
+        proto = ValueProto(double_val=float(value))
+    elif kind == "string":
+        proto = ValueProto(string_val=str(value))
+    elif kind == "timestamp":
+        proto = ValueProto(unix_timestamp_val=_epoch_seconds(value))
+    elif kind == "string_list":
+        proto = ValueProto(string_list_val=StringList(val=["" if v is None else str(v)
+                                                           for v in value]))
+    elif kind == "double_list":
+        proto = ValueProto(double_list_val=DoubleList(val=[float(v) for v in value
+                                                           if v is not None]))
+    else:  # pragma: no cover - guarded by FeatureKind
+        raise ValueError(f"unknown feature kind {kind!r}")
+    return proto.SerializeToString()
+
+
+def decode_value(kind: FeatureKind, data: bytes | None) -> Any:
+    """Inverse of :func:`encode_value` (for tests and the consistency check)."""
+    if not data:
+        return None
+    proto = ValueProto()
+    proto.ParseFromString(data)
+    which = proto.WhichOneof("val")
+    if which is None:
+        return None
+    if kind == "timestamp":
+        return datetime.fromtimestamp(proto.unix_timestamp_val, tz=UTC)
+    if kind in ("string_list", "double_list"):
+        return list(getattr(proto, which).val)
+    result = getattr(proto, which)
+    if kind == "double" and isinstance(result, float) and math.isnan(result):
+        return None
+    return result
+
+
+@dataclass(frozen=True)
+class ViewSpec:
+    """One Feast feature view: its name, entity, join key and typed features.
+
+    Attributes
+    ----------
+    name
+        Feature view name (also the snapshot folder name in the offline store).
+    entity
+        Feast entity name (``user`` / ``item``).
+    join_key
+        Entity join key column (``user_id`` / ``item_id``).
+    features
+        ``(feature name, kind)`` pairs, in the order of the finalize output.
+    description
+        Shown by ``feast feature-views list`` / the UI.
+    """
+
+    name: str
+    entity: str
+    join_key: str
+    features: tuple[tuple[str, FeatureKind], ...]
+    description: str = ""
+    _fields: tuple[bytes, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fields = tuple(feature_field(self.name, f) for f, _ in self.features)
+        object.__setattr__(self, "_fields", fields)
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return tuple(f for f, _ in self.features)
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Columns a snapshot / row must have: join key, features, timestamps."""
+        return (self.join_key, *self.feature_names, "event_timestamp", "created")
+
+    def redis_key(self, entity_value: str, project: str = PROJECT) -> bytes:
+        return entity_key(self.join_key, entity_value, project)
+
+    def encode(self, row: Mapping[str, Any], project: str = PROJECT) -> tuple[bytes, dict[bytes, bytes]]:
+        """``(redis key, {hash field: bytes})`` for one feature row (a dict or Spark Row).
+
+        The row needs the join key, every feature and ``event_timestamp``.
+        """
+        mapping = {
+            fld: encode_value(kind, row[name])
+            for fld, (name, kind) in zip(self._fields, self.features, strict=True)
+        }
+        mapping[timestamp_field(self.name)] = encode_timestamp(row["event_timestamp"])
+        return self.redis_key(row[self.join_key], project), mapping
+
+    def decode(self, mapping: Mapping[bytes, bytes]) -> dict[str, Any]:
+        """Feature values from a Redis hash (the inverse of :meth:`encode`, minus the key)."""
+        return {
+            name: decode_value(kind, mapping.get(fld))
+            for fld, (name, kind) in zip(self._fields, self.features, strict=True)
+        }
+
+
+USER_ACTIVITY = ViewSpec(
+    name="user_activity",
+    entity="user",
+    join_key="user_id",
+    description="A user's recent activity: sliding 1h/24h counts, spend, category affinity, last items viewed.",
+    features=(
+        ("views_1h", "int64"),
+        ("views_24h", "int64"),
+        ("carts_1h", "int64"),
+        ("carts_24h", "int64"),
+        ("purchases_1h", "int64"),
+        ("purchases_24h", "int64"),
+        ("spend_1h", "double"),
+        ("spend_24h", "double"),
+        ("distinct_items_viewed_1h", "int64"),
+        ("last_event_time", "timestamp"),
+        ("top_category", "string"),
+        ("category_affinity_ids", "string_list"),
+        ("category_affinity_weights", "double_list"),
+        ("last_viewed_items", "string_list"),
+    ),
+)
+
+ITEM_STATS = ViewSpec(
+    name="item_stats",
+    entity="item",
+    join_key="item_id",
+    description="An item's sliding 1h/24h views, carts, sales, revenue, conversion and trending score.",
+    features=(
+        ("category_id", "string"),
+        ("views_1h", "int64"),
+        ("views_24h", "int64"),
+        ("carts_1h", "int64"),
+        ("carts_24h", "int64"),
+        ("purchases_1h", "int64"),
+        ("purchases_24h", "int64"),
+        ("units_1h", "int64"),
+        ("units_24h", "int64"),
+        ("revenue_1h", "double"),
+        ("revenue_24h", "double"),
+        ("conversion_rate_1h", "double"),
+        ("conversion_rate_24h", "double"),
+        ("trending_score", "double"),
+    ),
+)
+
+VIEWS: Mapping[str, ViewSpec] = {v.name: v for v in (USER_ACTIVITY, ITEM_STATS)}
+"""Every entity feature view, by name."""
+
