@@ -61,6 +61,8 @@ __all__ = [
     "user_tiles",
     "item_tiles",
     "sales_tiles",
+    "ITEM_METADATA_COLUMNS",
+    "item_metadata",
 ]
 
 ACTIVITY_WEIGHTS: Mapping[str, float] = MappingProxyType(
@@ -300,4 +302,25 @@ def sales_tiles(events: DataFrame, *, slide_seconds: int, by: Sequence[str] = ()
     )
     return agg.select(
         *by, "item_id", "category_id", "region", _tile_start_from_window(), *SALES_TILE_COLUMNS[4:]
+    )
+
+
+ITEM_METADATA_COLUMNS: tuple[str, ...] = ("item_id", "category_id", "region", "price", "event_time")
+"""Columns of :func:`item_metadata`."""
+
+
+def item_metadata(events: DataFrame) -> DataFrame:
+    """Each item's latest category, region and price (for the ``item_meta_key`` hashes).
+
+    ``category_id`` and ``region`` come from the item's latest event, ``price``
+    from its latest event that has one (null if none did); ``event_time`` is the
+    latest event time. One aggregation with ``max_by``, so it also runs as a
+    streaming aggregation (update mode).
+    """
+    priced_time = F.when(F.col("price").isNotNull(), F.col("event_time"))
+    return events.groupBy("item_id").agg(
+        F.max_by("category_id", "event_time").alias("category_id"),
+        F.max_by("region", "event_time").alias("region"),
+        F.max_by("price", priced_time).alias("price"),
+        F.max("event_time").alias("event_time"),
     )

@@ -175,8 +175,6 @@ class Settings(BaseSettings):
     """Size of each serving process's Redis connection pool."""
     serving_breaker_cooldown_ms: int = Field(default=500, ge=0, le=600_000)
     """After a Redis failure, answer from memory for this long before trying Redis again."""
-    serving_live_model_refresh_ms: int = Field(default=1000, ge=0, le=600_000)
-    """How long the in-process copy of the live model pointer is trusted without re-reading."""
     serving_refresh_seconds: float = Field(default=5.0, gt=0, le=3600)
     """Cadence of the API's background refresh of the last-known global top sellers."""
     serving_fallback_window: str = Field(default="24h", pattern=r"^(1h|24h)$")

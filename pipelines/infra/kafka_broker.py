@@ -123,7 +123,8 @@ class KafkaBroker:
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         cmd = self._base_cmd(classpath) + [
             "kafka.tools.StorageTool", "format", "--standalone", "--ignore-formatted",
-            "-t", cluster_id, "-c", str(self.home / "server.properties"),
+            # "=" form: a base64 id may start with "-", which argparse would read as an option.
+            f"--cluster-id={cluster_id}", f"--config={self.home / 'server.properties'}",
         ]
         result = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if result.returncode != 0:
