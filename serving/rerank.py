@@ -1,0 +1,330 @@
+"""Request-time re-ranking: candidates + a user's fresh features -> the ranked answer.
+
+Pure functions, no I/O: the client reads everything in one Redis round trip and
+hands it here, so the ranking rules are unit-tested without a server
+(``tests/unit/test_rerank.py``).
+
+The rules, in order:
+
+1. **Remove** items the user bought recently (when ``exclude_purchased``) and
+   duplicates.
+2. **Boost** model candidates in categories the user was active in during the
+   last hour: ``final = minmax(model score) + category_boost * weight(category)``,
+   where the weight (0..1) comes from the user's top category affinity and the
+   categories of the items they viewed last (:func:`user_signals`). Min-max
+   normalisation makes the boost independent of the model's score scale.
+3. **Mix in** items trending in the user's region: ``round(k * trending_share)``
+   slots spread evenly through the list (never the first ones), filled with
+   trending items not already recommended; if the model has too few candidates
+   trending items fill the rest.
+
+A user the model does not know gets :func:`blend_fallback` instead of step 2:
+top sellers of their recent categories and region taken in turns, then the
+global top sellers; step 3 applies the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from serving.models import RankedItem, Source
+
+__all__ = [
+    "Scored",
+    "UserFeatures",
+    "UserSignals",
+    "RerankParams",
+    "ACTIVE_HORIZON_MS",
+    "is_active",
+    "user_signals",
+    "rank_candidates",
+    "blend_fallback",
+    "mix_trending",
+    "rerank",
+]
+
+ACTIVE_HORIZON_MS = 3_600_000
+"""A category counts as active when the user touched it within this horizon (1 hour)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """An item and the score its source gave it."""
+
+    item_id: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class UserFeatures:
+    """The subset of the ``user_activity`` feature view that re-ranking uses.
+
+    Every field is optional: a user without features (or with a feature the
+    feature view does not carry yet) is simply not personalised by it.
+    """
+
+    as_of_ms: int | None = None
+    """Feast's event timestamp of the row (when the features were computed)."""
+    last_event_time_ms: int | None = None
+    events_1h: int | None = None
+    """Views + add-to-carts + purchases in the last hour."""
+    top_category: str | None = None
+    top_category_affinity: float | None = None
+    last_items_viewed: tuple[str, ...] = ()
+    """Most recent first."""
+    recent_purchases: tuple[str, ...] = ()
+    region: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UserSignals:
+    """What the ranking rules need, derived from :class:`UserFeatures`."""
+
+    active_categories: Mapping[str, float] = field(default_factory=dict)
+    """Category -> weight in (0, 1] for categories active within :data:`ACTIVE_HORIZON_MS`."""
+    recent_categories: tuple[str, ...] = ()
+    """The user's categories, strongest first (for cold-start top sellers)."""
+    purchased: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class RerankParams:
+    category_boost: float = 0.5
+    trending_share: float = 0.2
+    max_recent_categories: int = 2
+
+
+def is_active(features: UserFeatures | None, now_ms: int) -> bool:
+    """Whether the user did something within :data:`ACTIVE_HORIZON_MS` of ``now_ms``."""
+    if features is None:
+        return False
+    if features.last_event_time_ms is not None:
+        return now_ms - features.last_event_time_ms <= ACTIVE_HORIZON_MS
+    return bool(features.events_1h)
+
+
+def user_signals(
+    features: UserFeatures | None,
+    item_categories: Mapping[str, str | None],
+    now_ms: int,
+    *,
+    max_recent_categories: int = 2,
+) -> UserSignals:
+    """Derive the ranking signals from a user's features.
+
+    Parameters
+    ----------
+    features
+        The user's ``user_activity`` row, or ``None`` when they have none.
+    item_categories
+        Category of each item in ``features.last_items_viewed`` (missing or
+        ``None`` when unknown).
+    now_ms
+        Serving time, epoch milliseconds.
+
+    Notes
+    -----
+    The user is *active* when their last event is within the hour (or, if the
+    time is unknown, when they have events in the last hour). Then the top
+    category weighs its affinity (1 when unknown) and the category of the
+    i-th most recently viewed item weighs ``1 / (i + 1)``; a category keeps its
+    largest weight. The last-N list is not time-stamped per item, so older
+    views in it count as active too: a deliberate approximation that favours
+    what the user looked at last.
+    """
+    if features is None:
+        return UserSignals()
+    ordered: dict[str, float] = {}
+    if features.top_category:
+        affinity = features.top_category_affinity
+        ordered[features.top_category] = 1.0 if affinity is None else min(max(affinity, 0.0), 1.0)
+    for i, item in enumerate(features.last_items_viewed):
+        category = item_categories.get(item)
+        if category:
+            weight = 1.0 / (i + 1)
+            if weight > ordered.get(category, 0.0):
+                ordered[category] = weight
+    active = is_active(features, now_ms)
+    active_categories = {c: w for c, w in ordered.items() if w > 0} if active else {}
+    recent = tuple(sorted(ordered, key=lambda c: -ordered[c])[:max_recent_categories])
+    return UserSignals(
+        active_categories=active_categories,
+        recent_categories=recent,
+        purchased=frozenset(features.recent_purchases),
+    )
+
+
+def rank_candidates(
+    candidates: Sequence[Scored],
+    item_categories: Mapping[str, str | None],
+    signals: UserSignals,
+    *,
+    category_boost: float,
+    exclude: Collection[str] = (),
+) -> list[Scored]:
+    """Model candidates, minus ``exclude``, ordered by boosted score (ties: model score, id)."""
+    seen: set[str] = set()
+    kept: list[Scored] = []
+    for cand in candidates:
+        if cand.item_id in seen or cand.item_id in exclude:
+            continue
+        seen.add(cand.item_id)
+        kept.append(cand)
+    if not kept:
+        return []
+    active = signals.active_categories
+    if not active or category_boost <= 0:
+        return sorted(kept, key=lambda c: (-c.score, c.item_id))
+    lo = min(c.score for c in kept)
+    span = max(c.score for c in kept) - lo
+
+    def final(c: Scored) -> float:
+        norm = (c.score - lo) / span if span > 0 else 1.0
+        category = item_categories.get(c.item_id)
+        return norm + category_boost * (active.get(category, 0.0) if category else 0.0)
+
+    return sorted(kept, key=lambda c: (-final(c), -c.score, c.item_id))
+
+
+def blend_fallback(
+    personal: Sequence[tuple[Source, Sequence[Scored]]],
+    global_items: Sequence[Scored],
+    *,
+    k: int,
+    exclude: Collection[str] = (),
+) -> list[RankedItem]:
+    """Top sellers for a user the model does not know.
+
+    The personal lists (recent categories, region) are taken in turns, so each
+    interest is represented, then the global list fills what is left. Items in
+    ``exclude`` and repeats are skipped.
+    """
+    out: list[RankedItem] = []
+    seen: set[str] = set(exclude)
+    queues = [(source, list(items)) for source, items in personal if items]
+    positions = [0] * len(queues)
+    while len(out) < k and queues:
+        progressed = False
+        for qi, (source, items) in enumerate(queues):
+            while positions[qi] < len(items):
+                cand = items[positions[qi]]
+                positions[qi] += 1
+                if cand.item_id not in seen:
+                    seen.add(cand.item_id)
+                    out.append(RankedItem(item_id=cand.item_id, score=cand.score, source=source))
+                    progressed = True
+                    break
+            if len(out) >= k:
+                break
+        if not progressed:
+            break
+    for cand in global_items:
+        if len(out) >= k:
+            break
+        if cand.item_id not in seen:
+            seen.add(cand.item_id)
+            out.append(RankedItem(item_id=cand.item_id, score=cand.score, source="top_sellers_global"))
+    return out
+
+
+def mix_trending(
+    ranked: Sequence[RankedItem],
+    trending: Sequence[Scored],
+    *,
+    k: int,
+    share: float,
+    exclude: Collection[str] = (),
+) -> list[RankedItem]:
+    """Place ``round(k * share)`` trending items at evenly spaced slots of the top ``k``.
+
+    Trending items already in the list or in ``exclude`` are skipped. When the
+    ranked list is shorter than ``k - slots``, trending items fill the rest.
+    The first slot always stays with ``ranked`` (when it has anything).
+    """
+    n_trend = int(k * share + 0.5) if share > 0 else 0
+    base_needed = k - n_trend
+    base = list(ranked[: max(base_needed, 0)])
+    taken = {r.item_id for r in base}
+    spare = [t for t in trending if t.item_id not in taken and t.item_id not in exclude]
+    # Drop duplicates inside the trending list itself, keeping the first.
+    pool: list[Scored] = []
+    for t in spare:
+        if t.item_id not in taken:
+            taken.add(t.item_id)
+            pool.append(t)
+    if len(base) < base_needed:
+        # Not enough base items: more room for trending.
+        n_trend = k - len(base)
+    n_trend = min(n_trend, len(pool))
+    if n_trend == 0:
+        return list(ranked[:k])
+    total = len(base) + n_trend
+    slots = {int((j + 1) * total / (n_trend + 1)) for j in range(n_trend)}
+    if len(base) < base_needed:
+        # Base exhausted: trending fills the tail after the base items.
+        slots = set(range(len(base), total))
+    out: list[RankedItem] = []
+    bi = ti = 0
+    for pos in range(total):
+        use_trend = (pos in slots and ti < n_trend) or bi >= len(base)
+        if use_trend and ti < n_trend:
+            t = pool[ti]
+            ti += 1
+            out.append(RankedItem(item_id=t.item_id, score=t.score, source="trending"))
+        elif bi < len(base):
+            out.append(base[bi])
+            bi += 1
+    return out
+
+
+def rerank(
+    candidates: Sequence[Scored],
+    *,
+    features: UserFeatures | None,
+    item_categories: Mapping[str, str | None],
+    trending: Sequence[Scored],
+    k: int,
+    now_ms: int,
+    params: RerankParams = RerankParams(),
+    exclude_purchased: bool = True,
+    fallback_personal: Sequence[tuple[Source, Sequence[Scored]]] = (),
+    fallback_global: Sequence[Scored] = (),
+) -> list[RankedItem]:
+    """The whole re-ranking: model candidates (or cold-start fallbacks) -> top ``k``.
+
+    Parameters
+    ----------
+    candidates
+        The live model's candidates for the user, any order; empty for a user
+        the model does not know, who then gets ``fallback_personal`` (top
+        sellers of their categories / region) and ``fallback_global``.
+    features
+        The user's features (``None``: no personalisation beyond the model).
+    item_categories
+        Category per item, for candidates and the user's last viewed items.
+    trending
+        Items trending in the user's region (or globally), best first.
+    k
+        Answer length.
+    now_ms
+        Serving time, epoch milliseconds (decides what "last hour" means).
+
+    Returns
+    -------
+    list[RankedItem]
+        At most ``k`` items, best first, each naming its source.
+    """
+    signals = user_signals(
+        features, item_categories, now_ms, max_recent_categories=params.max_recent_categories
+    )
+    exclude = signals.purchased if exclude_purchased else frozenset()
+    if candidates:
+        ranked = rank_candidates(
+            candidates, item_categories, signals,
+            category_boost=params.category_boost, exclude=exclude,
+        )
+        base = [RankedItem(item_id=c.item_id, score=c.score, source="model") for c in ranked[:k]]
+    else:
+        base = blend_fallback(fallback_personal, fallback_global, k=k, exclude=exclude)
+    return mix_trending(base, trending, k=k, share=params.trending_share, exclude=exclude)
