@@ -105,7 +105,8 @@ ITEM_TILE_COLUMNS: tuple[str, ...] = (
 )
 """Columns of :func:`item_tiles` (after any ``by`` columns).
 
-``category_id`` is the category of the item's latest event in the tile
+``category_id`` is the category of the item's latest event in the tile (ties:
+the greatest category_id)
 (``category_time`` its event time, so layer 2 can pick the latest across
 tiles); counts and ``units`` bigint, ``revenue`` double.
 """
@@ -275,7 +276,7 @@ def item_tiles(events: DataFrame, *, slide_seconds: int, by: Sequence[str] = ())
     for the parameters.
     """
     agg = events.groupBy(*by, "item_id", _window(slide_seconds)).agg(
-        F.max_by("category_id", "event_time").alias("category_id"),
+        F.max_by("category_id", F.struct("event_time", "category_id")).alias("category_id"),
         F.max("event_time").alias("category_time"),
         _count(_is("view")).alias("views"),
         _count(_is("add_to_cart")).alias("carts"),
@@ -317,10 +318,11 @@ def item_metadata(events: DataFrame) -> DataFrame:
     latest event time. One aggregation with ``max_by``, so it also runs as a
     streaming aggregation (update mode).
     """
-    priced_time = F.when(F.col("price").isNotNull(), F.col("event_time"))
+    # ties on event_time are broken by the value itself, so the result is deterministic
+    priced = F.when(F.col("price").isNotNull(), F.struct("event_time", "price"))
     return events.groupBy("item_id").agg(
-        F.max_by("category_id", "event_time").alias("category_id"),
-        F.max_by("region", "event_time").alias("region"),
-        F.max_by("price", priced_time).alias("price"),
+        F.max_by("category_id", F.struct("event_time", "category_id")).alias("category_id"),
+        F.max_by("region", F.struct("event_time", "region")).alias("region"),
+        F.max_by("price", priced).alias("price"),
         F.max("event_time").alias("event_time"),
     )

@@ -322,7 +322,8 @@ def finalize_item_features(
     long_cond = in_window(F.col("tile_start"), F.col(_AS_OF), LONG_WINDOW, slide_seconds)
     aggs: list[Column] = [
         F.max_by(
-            F.when(long_cond, F.col("category_id")), F.when(long_cond, F.col("category_time"))
+            F.col("category_id"),
+            F.when(long_cond, F.struct(F.col("category_time"), F.col("category_id"))),
         ).alias("category_id"),
     ]
     for name in ("views", "carts", "purchases", "units"):

@@ -1,0 +1,185 @@
+"""The Parquet offline store's layout: one module that the stream and the backfill share.
+
+Everything lives under ``settings.offline_path`` (``<data_dir>/offline``, or an
+``s3a://`` URI)::
+
+    events/event_date=yyyy-MM-dd/event_hour=H/part-*.parquet   validated events
+    quarantine/ingest_date=yyyy-MM-dd/part-*.parquet           rejected records + reason
+    features/user_activity/event_date=yyyy-MM-dd/...           Feast file source (user)
+    features/item_stats/event_date=yyyy-MM-dd/...              Feast file source (item)
+    features/top_items/event_date=yyyy-MM-dd/...               top sellers / trending history
+
+* Events: columns :data:`features.events.VALID_COLUMNS` plus the partition
+  columns ``event_date`` (``yyyy-MM-dd`` string of ``event_time`` in UTC) and
+  ``event_hour`` (int 0-23).
+* Quarantine: :data:`features.validation.QUARANTINE_COLUMNS` plus
+  ``ingest_date`` (``yyyy-MM-dd`` of ``ingest_time``; rejected records may have
+  no valid event time).
+* Feature snapshots: the finalize outputs of :mod:`features.windows`, with
+  ``event_timestamp`` (the as-of time) and ``created`` (when computed), as
+  Feast's file sources expect, partitioned by ``event_date`` of
+  ``event_timestamp``. Snapshots are appended; a re-computed ``(entity,
+  event_timestamp)`` row wins by its later ``created`` (Feast deduplicates on
+  it), so a backfill can run again over a range the stream already covered.
+
+Timestamps are written as Parquet ``TIMESTAMP_MICROS`` (UTC-adjusted), which
+pyarrow, pandas and Feast read as ``datetime64[us, UTC]``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Literal
+
+from features.events import VALID_COLUMNS
+from features.validation import QUARANTINE_COLUMNS
+from pipelines.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = [
+    "EVENTS",
+    "QUARANTINE",
+    "FEATURES",
+    "SNAPSHOTS",
+    "EVENT_PARTITION_COLUMNS",
+    "QUARANTINE_PARTITION_COLUMNS",
+    "SNAPSHOT_PARTITION_COLUMNS",
+    "events_path",
+    "quarantine_path",
+    "snapshot_path",
+    "with_event_partitions",
+    "with_quarantine_partitions",
+    "with_snapshot_partitions",
+    "write_events",
+    "write_quarantine",
+    "write_snapshots",
+    "read_events",
+    "configure_parquet",
+]
+
+EVENTS = "events"
+QUARANTINE = "quarantine"
+FEATURES = "features"
+SNAPSHOTS: tuple[str, ...] = ("user_activity", "item_stats", "top_items")
+"""Snapshot tables under ``features/`` (the first two are Feast file sources)."""
+EVENT_PARTITION_COLUMNS: tuple[str, ...] = ("event_date", "event_hour")
+QUARANTINE_PARTITION_COLUMNS: tuple[str, ...] = ("ingest_date",)
+SNAPSHOT_PARTITION_COLUMNS: tuple[str, ...] = ("event_date",)
+_DATE_FORMAT = "yyyy-MM-dd"
+
+Snapshot = Literal["user_activity", "item_stats", "top_items"]
+
+
+def events_path(settings: Settings) -> str:
+    return f"{settings.offline_path}/{EVENTS}"
+
+
+def quarantine_path(settings: Settings) -> str:
+    return f"{settings.offline_path}/{QUARANTINE}"
+
+
+def snapshot_path(settings: Settings, name: Snapshot | str) -> str:
+    if name not in SNAPSHOTS:
+        raise ValueError(f"unknown snapshot {name!r}; one of {SNAPSHOTS}")
+    return f"{settings.offline_path}/{FEATURES}/{name}"
+
+
+def configure_parquet(spark: SparkSession) -> None:
+    """Session options every offline-store writer relies on (idempotent)."""
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+
+
+def with_event_partitions(events: DataFrame) -> DataFrame:
+    """Validated events -> :data:`VALID_COLUMNS` + ``event_date``, ``event_hour``."""
+    from pyspark.sql import functions as F
+
+    return events.select(
+        *VALID_COLUMNS,
+        F.date_format("event_time", _DATE_FORMAT).alias("event_date"),
+        F.hour("event_time").cast("int").alias("event_hour"),
+    )
+
+
+def with_quarantine_partitions(quarantine: DataFrame) -> DataFrame:
+    """Quarantine rows -> :data:`QUARANTINE_COLUMNS` + ``ingest_date``."""
+    from pyspark.sql import functions as F
+
+    return quarantine.select(
+        *QUARANTINE_COLUMNS, F.date_format("ingest_time", _DATE_FORMAT).alias("ingest_date")
+    )
+
+
+def with_snapshot_partitions(snapshots: DataFrame) -> DataFrame:
+    """Feature rows -> the same columns + ``event_date`` of ``event_timestamp``."""
+    from pyspark.sql import functions as F
+
+    return snapshots.withColumn("event_date", F.date_format("event_timestamp", _DATE_FORMAT))
+
+
+def write_events(events: DataFrame, settings: Settings) -> None:
+    """Append validated events (batch DataFrame; the stream calls it from foreachBatch)."""
+    configure_parquet(events.sparkSession)
+    (with_event_partitions(events).write.mode("append")
+     .partitionBy(*EVENT_PARTITION_COLUMNS).parquet(events_path(settings)))
+
+
+def write_quarantine(quarantine: DataFrame, settings: Settings) -> None:
+    """Append quarantine rows (batch DataFrame)."""
+    configure_parquet(quarantine.sparkSession)
+    (with_quarantine_partitions(quarantine).write.mode("append")
+     .partitionBy(*QUARANTINE_PARTITION_COLUMNS).parquet(quarantine_path(settings)))
+
+
+def write_snapshots(rows: DataFrame, settings: Settings, name: Snapshot | str) -> str:
+    """Append feature rows to a snapshot table; returns its path."""
+    path = snapshot_path(settings, name)
+    configure_parquet(rows.sparkSession)
+    (with_snapshot_partitions(rows).write.mode("append")
+     .partitionBy(*SNAPSHOT_PARTITION_COLUMNS).parquet(path))
+    return path
+
+
+def _dates(since: datetime, until: datetime) -> list[str]:
+    day = since.astimezone(UTC).date()
+    last = until.astimezone(UTC).date()
+    out = []
+    while day <= last:
+        out.append(day.isoformat())
+        day += timedelta(days=1)
+    return out
+
+
+def read_events(
+    spark: SparkSession,
+    settings: Settings,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> DataFrame:
+    """Validated events with ``since <= event_time <= until`` (either bound optional).
+
+    Partition pruning on ``event_date`` keeps the read to the days in range.
+    Returns :data:`VALID_COLUMNS` only.
+    """
+    from pyspark.sql import functions as F
+
+    df = spark.read.schema(_event_schema()).parquet(events_path(settings))
+    cond = F.lit(True)
+    if since is not None and until is not None:
+        cond = cond & F.col("event_date").isin(*_dates(since, until))
+    if since is not None:
+        cond = cond & (F.col("event_time") >= F.lit(since))
+    if until is not None:
+        cond = cond & (F.col("event_time") <= F.lit(until))
+    return df.where(cond).select(*VALID_COLUMNS)
+
+
+def _event_schema() -> str:
+    return (
+        "event_id string, event_type string, event_time timestamp, user_id string, "
+        "session_id string, item_id string, category_id string, region string, "
+        "price double, quantity int, device string, event_date string, event_hour int"
+    )
+
