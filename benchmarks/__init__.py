@@ -1,0 +1,1 @@
+"""Benchmarks: shopstream against the peers a user would pick instead, in the same run."""
