@@ -204,8 +204,10 @@ def train() -> None:
 
 @app.command()
 def serve() -> None:
-    """Serve top sellers and recommendations over HTTP."""
-    _not_yet("serve", 6)
+    """Serve top sellers and recommendations over HTTP (uvicorn; SHOPSTREAM_API_HOST/_PORT/_WORKERS)."""
+    from serving.server import run
+
+    run(load_settings())
 
 
 @app.command()

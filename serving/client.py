@@ -441,8 +441,10 @@ class _Core:
             self.fallback_used("cold_start")
             signals = user_signals(features, categories, now,
                                    max_recent_categories=self.params.max_recent_categories)
+            # The storefront's region wins; else the region the user's features carry, if any.
+            home = region or (features.region if features is not None else None)
             personal, global_items, tier_freshness = yield from self._cold_start_flow(
-                signals.recent_categories, region, k + len(signals.purchased)
+                signals.recent_categories, home, k + len(signals.purchased)
             )
             freshness.update(tier_freshness)
 

@@ -23,6 +23,7 @@ __all__ = [
     "HealthResponse",
     "ReadyResponse",
     "ErrorResponse",
+    "ParamError",
 ]
 
 Source = Literal[
@@ -115,5 +116,13 @@ class ReadyResponse(_Model):
     detail: str | None = None
 
 
+class ParamError(_Model):
+    param: str
+    message: str
+
+
 class ErrorResponse(_Model):
+    """Every error body: a stable, human-readable ``detail``; ``errors`` lists bad parameters."""
+
     detail: str
+    errors: list[ParamError] | None = None

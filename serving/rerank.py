@@ -70,7 +70,8 @@ class UserFeatures:
     events_1h: int | None = None
     """Views + add-to-carts + purchases in the last hour."""
     top_category: str | None = None
-    top_category_affinity: float | None = None
+    category_affinity: tuple[tuple[str, float], ...] = ()
+    """(category, weight) pairs, strongest first (any positive scale)."""
     last_items_viewed: tuple[str, ...] = ()
     """Most recent first."""
     recent_purchases: tuple[str, ...] = ()
@@ -126,19 +127,25 @@ def user_signals(
     Notes
     -----
     The user is *active* when their last event is within the hour (or, if the
-    time is unknown, when they have events in the last hour). Then the top
-    category weighs its affinity (1 when unknown) and the category of the
-    i-th most recently viewed item weighs ``1 / (i + 1)``; a category keeps its
-    largest weight. The last-N list is not time-stamped per item, so older
-    views in it count as active too: a deliberate approximation that favours
-    what the user looked at last.
+    time is unknown, when they have events in the last hour). Then each
+    category of their affinity weighs its weight relative to the strongest
+    (the top category weighs 1) and the category of the i-th most recently
+    viewed item weighs ``1 / (i + 1)``; a category keeps its largest weight.
+    The affinity and the last-N list span 24 hours, so when the user is active
+    now their strongest and latest interests stand in for "the last hour": a
+    deliberate approximation that favours what the user touched last.
     """
     if features is None:
         return UserSignals()
     ordered: dict[str, float] = {}
-    if features.top_category:
-        affinity = features.top_category_affinity
-        ordered[features.top_category] = 1.0 if affinity is None else min(max(affinity, 0.0), 1.0)
+    strongest = max((w for _, w in features.category_affinity if w > 0), default=0.0)
+    for category, weight in features.category_affinity:
+        if category and weight > 0:
+            relative = weight / strongest
+            if relative > ordered.get(category, 0.0):
+                ordered[category] = relative
+    if features.top_category and features.top_category not in ordered:
+        ordered[features.top_category] = 1.0
     for i, item in enumerate(features.last_items_viewed):
         category = item_categories.get(item)
         if category:

@@ -25,6 +25,8 @@ from serving.errors import InvalidParameter
 __all__ = [
     "MAX_ID_LENGTH",
     "ID_PATTERN",
+    "OPTIONAL_ID_PATTERN",
+    "ID_PARAMS",
     "ID_RULE",
     "K_MIN",
     "K_MAX",
@@ -39,8 +41,12 @@ __all__ = [
 ]
 
 _ID_CHAR = r"[A-Za-z0-9_.@+:&'()#,-]"
-ID_PATTERN = rf"^{_ID_CHAR}(?:(?:{_ID_CHAR}| ){{0,{MAX_ID_LENGTH - 2}}}{_ID_CHAR})?$"
-"""1..64 characters: letters, digits, ``_ . @ + : & ' ( ) # , -`` and inner single spaces."""
+_ID_BODY = rf"{_ID_CHAR}(?:(?:{_ID_CHAR}| ){{0,{MAX_ID_LENGTH - 2}}}{_ID_CHAR})?"
+ID_PATTERN = rf"^{_ID_BODY}$"
+"""1..64 characters: letters, digits, ``_ . @ + : & ' ( ) # , -`` and spaces inside."""
+OPTIONAL_ID_PATTERN = rf"^(?:{_ID_BODY})?$"
+"""An id or the empty string (an empty query parameter means "not given")."""
+ID_PARAMS = frozenset({"user_id", "item_id", "category", "region"})
 ID_RULE = (
     f"1-{MAX_ID_LENGTH} characters: letters, digits, spaces inside, and _ . @ + : & ' ( ) # , -"
 )
@@ -58,15 +64,17 @@ _MESSAGES = {
 }
 
 
-def message_for(param: str) -> str:
-    """The stable message for a bad value of ``param`` (ids share one rule)."""
-    return _MESSAGES.get(param, f"{param} must be {ID_RULE}")
+def message_for(param: str) -> str | None:
+    """The stable message for a bad value of ``param`` (ids share one rule); None if unknown."""
+    if param in ID_PARAMS:
+        return f"{param} must be {ID_RULE}"
+    return _MESSAGES.get(param)
 
 
 def check_id(param: str, value: object) -> str:
     """Return ``value`` if it is an acceptable identifier, else raise :class:`InvalidParameter`."""
     if not isinstance(value, str) or not _ID_RE.fullmatch(value):
-        raise InvalidParameter(param, message_for(param))
+        raise InvalidParameter(param, message_for(param) or f"{param} must be {ID_RULE}")
     return value
 
 
@@ -80,11 +88,11 @@ def check_optional_id(param: str, value: object) -> str | None:
 def check_k(k: object) -> int:
     """``k`` as an int in ``K_MIN..K_MAX`` (bools and floats are refused)."""
     if isinstance(k, bool) or not isinstance(k, int) or not K_MIN <= k <= K_MAX:
-        raise InvalidParameter("k", message_for("k"))
+        raise InvalidParameter("k", _MESSAGES["k"])
     return k
 
 
 def check_window(window: object) -> str:
     if window not in WINDOWS:
-        raise InvalidParameter("window", message_for("window"))
+        raise InvalidParameter("window", _MESSAGES["window"])
     return str(window)

@@ -1,0 +1,1 @@
+"""The HTTP API: dependencies (:mod:`serving.api.deps`) and one router per resource."""

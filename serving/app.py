@@ -1,0 +1,132 @@
+"""The HTTP API's app factory: ``create_app(settings)``.
+
+::
+
+    uvicorn --factory serving.app:create_app_from_env      # or: shopstream serve
+
+The app holds one :class:`~serving.client.AsyncServingClient` (one Redis
+pool) for its lifetime, warms it at start-up (live model pointer, last known
+global top sellers) and keeps that memory fresh in the background every
+``serving_refresh_seconds``, so a Redis outage right after start still has
+something to serve. Routes live in :mod:`serving.api.routes`, one router per
+resource; errors are JSON ``{"detail": ...}`` with stable messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from pipelines.settings import Settings
+from serving.api.deps import key_digest
+from serving.api.routes import ROUTERS
+from serving.client import AsyncServingClient
+from serving.errors import ServingError
+from serving.metrics import MetricsMiddleware, ServingMetrics
+from serving.validation import message_for
+
+__all__ = ["create_app", "create_app_from_env"]
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """
+Top sellers, trending items, per-user recommendations and similar items for the
+storefront, read from the Redis online store that the streaming job keeps seconds fresh.
+
+* Every answer names the live `model_version`, the `freshness` of its inputs
+  (as-of time and age in ms) and each item's `source`.
+* `degraded: true` means Redis did not answer in time and the list comes from the last
+  known top sellers kept in memory; 503 means nothing suitable was remembered.
+* Send `X-API-Key` when the server has a key configured (all routes but `/healthz`).
+"""
+
+TAGS = [
+    {"name": "top sellers", "description": "Best sellers per window and scope."},
+    {"name": "trending", "description": "Items selling above their daily pace."},
+    {"name": "recommendations", "description": "Per-user recommendations, re-ranked at request time."},
+    {"name": "similar items", "description": "Items like an item."},
+    {"name": "ops", "description": "Liveness, readiness and Prometheus metrics."},
+]
+
+
+async def _keep_warm(client: AsyncServingClient, interval_s: float) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await client.warm()
+        except Exception:  # noqa: BLE001 - the refresher must outlive any one failure
+            log.exception("refreshing the in-memory top sellers failed")
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """Build the API for ``settings`` (Redis address, timeouts, API key, re-ranking knobs)."""
+    metrics = ServingMetrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        client = AsyncServingClient(settings, metrics=metrics)
+        app.state.client = client
+        if not await client.warm():
+            log.warning("online store %s not reachable at start-up; serving will retry",
+                        settings.redis_url_redacted)
+        refresher = asyncio.create_task(_keep_warm(client, settings.serving_refresh_seconds))
+        try:
+            yield
+        finally:
+            refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refresher
+            await client.aclose()
+
+    app = FastAPI(
+        title="shopstream serving API",
+        version="1",
+        description=DESCRIPTION,
+        openapi_tags=TAGS,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.api_key_digest = (
+        key_digest(settings.api_key.get_secret_value()) if settings.api_key is not None else None
+    )
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(ServingError, _serving_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _internal_error)
+    for router in ROUTERS:
+        app.include_router(router)
+    return app
+
+
+def create_app_from_env() -> FastAPI:
+    """Factory for ``uvicorn --factory`` and multi-worker runs: settings from the environment."""
+    return create_app(Settings())
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = []
+    for err in exc.errors():
+        loc = err.get("loc") or ()
+        param = str(loc[-1]) if loc else "request"
+        errors.append({"param": param, "message": message_for(param) or f"{param}: {err.get('msg')}"})
+    detail = "; ".join(dict.fromkeys(e["message"] for e in errors)) or "invalid request"
+    return JSONResponse(status_code=status.HTTP_422_UNPROCESSABLE_CONTENT,
+                        content={"detail": detail, "errors": errors})
+
+
+async def _serving_error(request: Request, exc: ServingError) -> JSONResponse:
+    headers = {"Retry-After": "1"} if exc.status_code == status.HTTP_503_SERVICE_UNAVAILABLE else None
+    return JSONResponse(status_code=exc.status_code, content={"detail": exc.message}, headers=headers)
+
+
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return JSONResponse(status_code=status.HTTP_500_INTERNAL_SERVER_ERROR,
+                        content={"detail": "internal error"})
