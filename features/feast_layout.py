@@ -24,7 +24,8 @@ Values: ``int64`` -> ``int64_val``, ``double`` -> ``double_val``, ``string`` ->
 ``string_val``, ``timestamp`` -> ``unix_timestamp_val`` (whole seconds, as Feast
 stores ``UnixTimestamp``), ``string_list`` -> ``string_list_val``,
 ``double_list`` -> ``double_list_val``; ``None`` is an empty ``Value`` (Feast's
-null). ``tests/integration/test_online_writer.py`` checks the bytes against
+null), except for timestamps, where Feast writes the ``NaT`` sentinel
+:data:`NULL_TIMESTAMP`. ``tests/integration/test_online_writer.py`` checks the bytes against
 Feast's own writer and the values against ``get_online_features``.
 
 No I/O here; only ``mmh3`` and Feast's generated protobuf classes.
@@ -64,6 +65,8 @@ PROJECT = "shopstream"
 """The Feast project name (part of every entity key in Redis)."""
 ENTITY_KEY_SERIALIZATION_VERSION = 3
 _STRING = 2  # feast.types.ValueType.STRING
+NULL_TIMESTAMP = -(2**63)
+"""Feast's null ``UnixTimestamp`` (``NaT`` as int64); it writes this, not an empty Value."""
 
 FeatureKind = Literal["int64", "double", "string", "timestamp", "string_list", "double_list"]
 
@@ -113,6 +116,8 @@ def _epoch_seconds(value: Any) -> int:
 def encode_value(kind: FeatureKind, value: Any) -> bytes:
     """One feature value as Feast's serialized ``Value`` proto (``None`` -> empty Value)."""
     if value is None:
+        if kind == "timestamp":
+            return ValueProto(unix_timestamp_val=NULL_TIMESTAMP).SerializeToString()
         return ValueProto().SerializeToString()
     if kind == "int64":
         proto = ValueProto(int64_val=int(value))
@@ -143,6 +148,8 @@ def decode_value(kind: FeatureKind, data: bytes | None) -> Any:
     if which is None:
         return None
     if kind == "timestamp":
+        if proto.unix_timestamp_val == NULL_TIMESTAMP:
+            return None
         return datetime.fromtimestamp(proto.unix_timestamp_val, tz=UTC)
     if kind in ("string_list", "double_list"):
         return list(getattr(proto, which).val)

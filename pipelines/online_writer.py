@@ -1,0 +1,386 @@
+"""Writes features into the Redis online store: pipelined, per Spark partition or batch.
+
+Three kinds of data, each with its layout documented where the keys are built:
+
+* **Entity features** (``user_activity``, ``item_stats``) in Feast's own Redis
+  layout (:mod:`features.feast_layout`), so ``FeatureStore.get_online_features``
+  reads them. One ``HSET`` (+ ``EXPIRE``) per entity, pipelined; with
+  ``skip_older`` one ``HMGET`` of the stored ``_ts:{view}`` per entity first, in
+  the same batch's pipeline, so a stored value with a *later* event timestamp is
+  never overwritten (an equal timestamp is overwritten: a recomputation wins).
+  Two round trips per batch of rows, never one per row.
+* **Top sellers / trending** sorted sets (:func:`features.online_keys.top_sellers_key`,
+  :func:`~features.online_keys.trending_key`), replaced atomically: every new
+  list is written to a temporary key (``ZADD`` + trim to top N), then one
+  ``MULTI``/``EXEC`` renames each over its live key, sets :data:`TOP_TTL` and
+  records the as-of time (epoch ms) in the :func:`~features.online_keys.top_meta_key`
+  hash. Readers see the old list or the new one, never a half-written one.
+  With ``prune``, scopes that no longer have any sales lose their keys in the
+  same transaction. A list whose stored as-of is newer than the new one is left
+  alone (a late backfill never overwrites the stream's fresher lists).
+* **Item metadata** hashes (:func:`~features.online_keys.item_meta_key`):
+  ``category_id``, ``region``, ``price``, ``updated_ms``, with the
+  ``online_ttl_seconds`` TTL refreshed on every write.
+
+Spark use: the ``*_partition_writer`` factories return picklable callables for
+``df.foreachPartition`` (the stream calls them from ``foreachBatch``); each
+creates its Redis client on the executor, where it is used, from plain
+connection keyword arguments. Top lists are small (scopes x N), so
+:func:`write_top_items_df` collects them to the driver and writes them in one
+transaction, which is also what makes ``prune`` correct.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import UTC, datetime
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from features import online_keys
+from features.feast_layout import PROJECT, ViewSpec, timestamp_field
+from pipelines.settings import Settings
+
+if TYPE_CHECKING:
+    import redis
+    from pyspark.sql import DataFrame
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "write_entity_rows",
+    "entity_partition_writer",
+    "write_entity_features",
+    "write_top_items",
+    "write_top_items_df",
+    "write_item_metadata",
+    "item_metadata_partition_writer",
+    "write_item_metadata_df",
+    "top_item_key",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCH_SIZE = 1000
+"""Rows per pipeline round trip (HMGET + HSET/EXPIRE)."""
+
+
+def _batches(rows: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    it = iter(rows)
+    while batch := list(islice(it, size)):
+        yield batch
+
+
+def _as_dict(row: Any) -> Mapping[str, Any]:
+    return row.asDict() if hasattr(row, "asDict") else row
+
+
+def _ts_nanos(data: bytes | None) -> int | None:
+    if not data:
+        return None
+    ts = Timestamp()
+    ts.ParseFromString(data)
+    return ts.seconds * 1_000_000_000 + ts.nanos
+
+
+def _epoch_ms(ts: datetime) -> int:
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=UTC)
+    return int(ts.timestamp() * 1000)
+
+
+# ------------------------------------------------------------ entity features
+def write_entity_rows(
+    client: redis.Redis,
+    spec: ViewSpec,
+    rows: Iterable[Any],
+    *,
+    project: str = PROJECT,
+    ttl_seconds: int | None = None,
+    skip_older: bool = True,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> int:
+    """Write feature rows of one view in Feast's Redis layout; returns rows written.
+
+    Parameters
+    ----------
+    client
+        A Redis client (created where it is used).
+    spec
+        The view (:data:`features.feast_layout.USER_ACTIVITY` / ``ITEM_STATS``).
+    rows
+        Dicts or Spark Rows with the view's columns (``spec.columns``; ``created``
+        is not needed). Several rows for one entity: the latest event timestamp wins.
+    ttl_seconds
+        ``EXPIRE`` per entity key (Feast's ``key_ttl_seconds``); ``None``: no TTL.
+    skip_older
+        Leave an entity alone when Redis already holds a later event timestamp.
+    """
+    ts_field = timestamp_field(spec.name)
+    written = 0
+    for batch in _batches(rows, batch_size):
+        encoded: dict[bytes, tuple[int, dict[bytes, bytes]]] = {}
+        for row in batch:
+            key, mapping = spec.encode(_as_dict(row), project)
+            nanos = _ts_nanos(mapping[ts_field]) or 0
+            previous = encoded.get(key)
+            if previous is None or nanos >= previous[0]:
+                encoded[key] = (nanos, mapping)
+        keys = list(encoded)
+        if skip_older:
+            with client.pipeline(transaction=False) as pipe:
+                for key in keys:
+                    pipe.hget(key, ts_field)
+                stored = pipe.execute()
+            keys = [
+                k for k, old in zip(keys, stored, strict=True)
+                if (old_nanos := _ts_nanos(old)) is None or old_nanos <= encoded[k][0]
+            ]
+        if not keys:
+            continue
+        with client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.hset(key, mapping=encoded[key][1])
+                if ttl_seconds:
+                    pipe.expire(key, ttl_seconds)
+            pipe.execute()
+        written += len(keys)
+    return written
+
+
+def _write_entity_partition(
+    rows: Iterator[Any],
+    *,
+    redis_kwargs: dict[str, Any],
+    spec: ViewSpec,
+    project: str,
+    ttl_seconds: int | None,
+    skip_older: bool,
+    batch_size: int,
+) -> None:
+    import redis
+
+    client = redis.Redis(**redis_kwargs)
+    try:
+        write_entity_rows(client, spec, rows, project=project, ttl_seconds=ttl_seconds,
+                          skip_older=skip_older, batch_size=batch_size)
+    finally:
+        client.close()
+
+
+def entity_partition_writer(
+    settings: Settings,
+    spec: ViewSpec,
+    *,
+    skip_older: bool = True,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    project: str = PROJECT,
+) -> Callable[[Iterator[Any]], None]:
+    """A picklable ``foreachPartition`` function writing ``spec`` rows (TTL: ``online_ttl_seconds``)."""
+    from functools import partial
+
+    from pipelines.connections import redis_kwargs
+
+    return partial(
+        _write_entity_partition,
+        redis_kwargs=redis_kwargs(settings, timeout_ms=max(settings.redis_socket_timeout_ms, 5000)),
+        spec=spec,
+        project=project,
+        ttl_seconds=settings.online_ttl_seconds,
+        skip_older=skip_older,
+        batch_size=batch_size,
+    )
+
+
+def write_entity_features(
+    rows: DataFrame, settings: Settings, spec: ViewSpec, *, skip_older: bool = True
+) -> None:
+    """Write a DataFrame of feature rows, one pipelined writer per partition."""
+    rows.select(spec.join_key, *spec.feature_names, "event_timestamp").foreachPartition(
+        entity_partition_writer(settings, spec, skip_older=skip_older)
+    )
+
+
+# ------------------------------------------------------- top sellers / trending
+def top_item_key(kind: str, window: str, scope: str) -> str:
+    """The sorted set of one (kind, window, scope): top sellers or trending."""
+    if kind == "top":
+        return online_keys.top_sellers_key(window, scope)
+    if kind == "trend":
+        return online_keys.trending_key(window, scope)
+    raise ValueError(f"kind must be 'top' or 'trend', got {kind!r}")
+
+
+def _temp_key(final_key: str, token: str) -> str:
+    # built with online_keys' own joiner, under a "tmp" part: never a live key
+    return online_keys.key("tmp", token, online_keys.encode_part(final_key))
+
+
+def _parse_meta_field(name: str) -> tuple[str, str, str]:
+    kind, window, scope = name.split(":", 2)
+    return kind, window, scope
+
+
+def write_top_items(
+    client: redis.Redis,
+    rows: Iterable[Any],
+    *,
+    top_n: int,
+    prune: bool = False,
+    ttl_seconds: int = online_keys.TOP_TTL,
+) -> int:
+    """Replace top-seller / trending sorted sets atomically; returns lists written.
+
+    Parameters
+    ----------
+    client
+        A Redis client.
+    rows
+        :data:`features.windows.TOP_ITEM_COLUMNS` rows for **one** as-of time
+        (each (kind, window, scope) complete: the rows are the whole new list).
+    top_n
+        Lists are trimmed to this many members (highest scores).
+    prune
+        The rows cover every scope: delete lists (and meta fields) of the same
+        kind and window that are absent, i.e. scopes with no sales any more.
+    ttl_seconds
+        TTL of each list and of the meta hash (:data:`features.online_keys.TOP_TTL`).
+    """
+    lists: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
+    as_of_ms: int | None = None
+    for row in rows:
+        r = _as_dict(row)
+        scope = online_keys.scope_for(r["category_id"], r["region"])
+        lists[(r["kind"], r["window"], scope)][str(r["item_id"])] = float(r["score"])
+        ms = _epoch_ms(r["event_timestamp"])
+        if as_of_ms is not None and ms != as_of_ms:
+            raise ValueError("write_top_items takes the rows of a single as-of time")
+        as_of_ms = ms
+    if as_of_ms is None:
+        return 0
+    meta_key = online_keys.top_meta_key()
+
+    # which lists may be (re)written: not those with a newer stored as-of
+    stored_ms = {k.decode(): int(v) for k, v in client.hgetall(meta_key).items()}
+    fields = {(kind, window, scope): online_keys.top_meta_field(kind, window, scope)  # type: ignore[arg-type]
+              for kind, window, scope in lists}
+    fresh = [spec for spec in lists if stored_ms.get(fields[spec], -1) <= as_of_ms]
+    stale_fields: list[str] = []
+    if prune:
+        covered = {(kind, window) for kind, window, _ in lists}
+        live = set(fields.values())
+        for name, ms in stored_ms.items():
+            kind, window, _ = _parse_meta_field(name)
+            if name not in live and ms <= as_of_ms and (kind, window) in covered:
+                stale_fields.append(name)
+
+    token = uuid.uuid4().hex
+    with client.pipeline(transaction=False) as pipe:
+        for spec in fresh:
+            tmp = _temp_key(top_item_key(*spec), token)
+            pipe.delete(tmp)
+            pipe.zadd(tmp, lists[spec])
+            pipe.zremrangebyrank(tmp, 0, -(top_n + 1))
+            pipe.expire(tmp, 300)  # a crashed writer leaves no litter behind
+        pipe.execute()
+    with client.pipeline(transaction=True) as tx:
+        for spec in fresh:
+            final = top_item_key(*spec)
+            tx.rename(_temp_key(final, token), final)
+            tx.expire(final, ttl_seconds)
+            tx.hset(meta_key, fields[spec], str(as_of_ms))
+        for name in stale_fields:
+            tx.delete(top_item_key(*_parse_meta_field(name)))
+            tx.hdel(meta_key, name)
+        if fresh or stale_fields:
+            tx.expire(meta_key, ttl_seconds)
+            tx.execute()
+    if len(fresh) < len(lists):
+        logger.info("kept %d top lists that Redis holds with a newer as-of",
+                    len(lists) - len(fresh))
+    return len(fresh)
+
+
+def write_top_items_df(top_items: DataFrame, settings: Settings, *, prune: bool = True) -> int:
+    """Write the top lists of the **latest** as-of time in ``top_items`` (collected: small)."""
+    from pyspark.sql import functions as F
+
+    from pipelines.connections import redis_client
+
+    latest = top_items.agg(F.max("event_timestamp")).first()[0]
+    if latest is None:
+        return 0
+    rows = top_items.where(F.col("event_timestamp") == F.lit(latest)).collect()
+    client = redis_client(settings, timeout_ms=max(settings.redis_socket_timeout_ms, 5000))
+    try:
+        return write_top_items(client, rows, top_n=settings.feature_top_n, prune=prune)
+    finally:
+        client.close()
+
+
+# --------------------------------------------------------------- item metadata
+def write_item_metadata(
+    client: redis.Redis,
+    rows: Iterable[Any],
+    *,
+    ttl_seconds: int,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> int:
+    """``HSET item_meta_key(item)`` category_id, region, price, updated_ms (+ EXPIRE); pipelined.
+
+    ``rows`` are :data:`features.tiles.ITEM_METADATA_COLUMNS` rows. Returns rows written.
+    """
+    written = 0
+    for batch in _batches(rows, batch_size):
+        with client.pipeline(transaction=False) as pipe:
+            for row in batch:
+                r = _as_dict(row)
+                key = online_keys.item_meta_key(str(r["item_id"]))
+                mapping = {
+                    "category_id": str(r["category_id"]),
+                    "region": str(r["region"]),
+                    "updated_ms": str(_epoch_ms(r["event_time"])),
+                }
+                if r.get("price") is not None:
+                    mapping["price"] = repr(float(r["price"]))
+                pipe.hset(key, mapping=mapping)
+                pipe.expire(key, ttl_seconds)
+            pipe.execute()
+        written += len(batch)
+    return written
+
+
+def _write_item_metadata_partition(rows: Iterator[Any], *, redis_kwargs: dict[str, Any],
+                                   ttl_seconds: int, batch_size: int) -> None:
+    import redis
+
+    client = redis.Redis(**redis_kwargs)
+    try:
+        write_item_metadata(client, rows, ttl_seconds=ttl_seconds, batch_size=batch_size)
+    finally:
+        client.close()
+
+
+def item_metadata_partition_writer(
+    settings: Settings, *, batch_size: int = DEFAULT_BATCH_SIZE
+) -> Callable[[Iterator[Any]], None]:
+    """A picklable ``foreachPartition`` function for :func:`features.tiles.item_metadata` rows."""
+    from functools import partial
+
+    from pipelines.connections import redis_kwargs
+
+    return partial(
+        _write_item_metadata_partition,
+        redis_kwargs=redis_kwargs(settings, timeout_ms=max(settings.redis_socket_timeout_ms, 5000)),
+        ttl_seconds=settings.online_ttl_seconds,
+        batch_size=batch_size,
+    )
+
+
+def write_item_metadata_df(metadata: DataFrame, settings: Settings) -> None:
+    """Write :func:`features.tiles.item_metadata` rows, one pipelined writer per partition."""
+    metadata.foreachPartition(item_metadata_partition_writer(settings))
