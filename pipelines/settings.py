@@ -115,6 +115,11 @@ class Settings(BaseSettings):
     feature_last_items_n: int = Field(default=10, ge=1, le=100)
     online_ttl_seconds: int = Field(default=7 * 24 * 3600, ge=60)
 
+    # --- backfill / feast ----------------------------------------------
+    backfill_step_seconds: int = Field(default=3600, ge=1)
+    """Cadence of the backfill's as-of times (one feature snapshot per step between --since
+    and --until). ``feature_slide_seconds`` snapshots every tile: exact but costly over months."""
+
     # --- streaming -----------------------------------------------------
     stream_trigger_seconds: float = Field(default=1.0, ge=0)
     stream_max_offsets_per_trigger: int = Field(default=200_000, ge=1)
