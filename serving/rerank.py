@@ -245,41 +245,38 @@ def mix_trending(
 ) -> list[RankedItem]:
     """Place ``round(k * share)`` trending items at evenly spaced slots of the top ``k``.
 
-    Trending items already in the list or in ``exclude`` are skipped. When the
-    ranked list is shorter than ``k - slots``, trending items fill the rest.
+    Trending items already in the top ``k`` of ``ranked`` or in ``exclude`` are
+    skipped; when there are fewer trending items than slots, ``ranked`` keeps
+    the spare slots, and when ``ranked`` is short, trending items fill the rest.
     The first slot always stays with ``ranked`` (when it has anything).
     """
-    n_trend = int(k * share + 0.5) if share > 0 else 0
-    base_needed = k - n_trend
-    base = list(ranked[: max(base_needed, 0)])
-    taken = {r.item_id for r in base}
-    spare = [t for t in trending if t.item_id not in taken and t.item_id not in exclude]
-    # Drop duplicates inside the trending list itself, keeping the first.
+    top = list(ranked[:k])
+    n_want = int(k * share + 0.5) if share > 0 else 0
+    listed = {r.item_id for r in top}
     pool: list[Scored] = []
-    for t in spare:
-        if t.item_id not in taken:
-            taken.add(t.item_id)
+    for t in trending:
+        if t.item_id not in listed and t.item_id not in exclude:
+            listed.add(t.item_id)
             pool.append(t)
-    if len(base) < base_needed:
-        # Not enough base items: more room for trending.
-        n_trend = k - len(base)
-    n_trend = min(n_trend, len(pool))
+    n_trend = min(n_want, len(pool))
+    base = top[: k - n_trend]
+    if len(base) < k - n_trend:
+        # Not enough ranked items: trending fills the tail after them.
+        n_trend = min(k - len(base), len(pool))
+        slots = set(range(len(base), len(base) + n_trend))
+    else:
+        total = len(base) + n_trend
+        slots = {int((j + 1) * total / (n_trend + 1)) for j in range(n_trend)}
     if n_trend == 0:
-        return list(ranked[:k])
-    total = len(base) + n_trend
-    slots = {int((j + 1) * total / (n_trend + 1)) for j in range(n_trend)}
-    if len(base) < base_needed:
-        # Base exhausted: trending fills the tail after the base items.
-        slots = set(range(len(base), total))
+        return base
     out: list[RankedItem] = []
     bi = ti = 0
-    for pos in range(total):
-        use_trend = (pos in slots and ti < n_trend) or bi >= len(base)
-        if use_trend and ti < n_trend:
+    for pos in range(len(base) + n_trend):
+        if (pos in slots or bi >= len(base)) and ti < n_trend:
             t = pool[ti]
             ti += 1
             out.append(RankedItem(item_id=t.item_id, score=t.score, source="trending"))
-        elif bi < len(base):
+        else:
             out.append(base[bi])
             bi += 1
     return out
