@@ -279,15 +279,19 @@ class _Core:
         self.breaker = _Breaker(settings.serving_breaker_cooldown_ms)
 
     # --- bookkeeping ------------------------------------------------------
-    def see_live(self, raw: Any) -> bool:
-        """Store the live pointer read from Redis; True when it changed."""
+    def see_live(self, raw: Any) -> str | None:
+        """Store the live pointer read from Redis and return it.
+
+        Flows compare it with the version *they* used to build their batch (not
+        with :attr:`live_version`, which a concurrent request may have updated).
+        """
         version = _text(raw)
-        changed = version != self.live_version
-        if changed and self.live_seen:
-            log.info("live model version changed: %s -> %s", self.live_version, version)
-        self.live_version = version
+        if version != self.live_version:
+            if self.live_seen:
+                log.info("live model version changed: %s -> %s", self.live_version, version)
+            self.live_version = version
         self.live_seen = True
-        return changed
+        return version
 
     def on_success(self) -> None:
         if self.breaker.success():
@@ -334,16 +338,17 @@ class _Core:
             ("hget", (top_meta_key(), top_meta_field(_KIND_SHORT[kind], window, scope))),  # type: ignore[arg-type]
         ]
         now = _now_ms()
-        self.see_live(replies[0])
+        live = self.see_live(replies[0])
         items = _pairs(replies[1])
         as_of = _int(replies[2])
         self.memory.remember(kind, window, scope, items, as_of, now)
-        return self._top_response(kind, window, scope, category, region, items, as_of, now)
+        return self._top_response(kind, window, scope, category, region, items, as_of, now,
+                                  model_version=live)
 
     def _top_response(
         self, kind: str, window: str, scope: str, category: str | None, region: str | None,
-        items: Sequence[Scored], as_of: int | None, now: int, *, degraded: bool = False,
-        fetched_ms: int | None = None,
+        items: Sequence[Scored], as_of: int | None, now: int, *, model_version: str | None,
+        degraded: bool = False, fetched_ms: int | None = None,
     ) -> TopItemsResponse:
         scope_name = _scope_name(scope)
         source: Source = "trending" if kind == "trending" else _SCOPE_SOURCES[scope_name]
@@ -357,7 +362,7 @@ class _Core:
             category=category if scope_name in ("category", "category_region") else None,
             region=region if scope_name in ("region", "category_region") else None,
             items=[RankedItem(item_id=s.item_id, score=s.score, source=source) for s in items],
-            model_version=self.live_version,
+            model_version=model_version,
             degraded=degraded,
             freshness=freshness,
         )
@@ -374,7 +379,8 @@ class _Core:
                 reg = region if candidate_scope == scope else None
                 return self._top_response(
                     kind, window, candidate_scope, cat, reg, remembered.items[:k],
-                    remembered.as_of_ms, _now_ms(), degraded=True, fetched_ms=remembered.fetched_ms,
+                    remembered.as_of_ms, _now_ms(), model_version=self.live_version, degraded=True,
+                    fetched_ms=remembered.fetched_ms,
                 )
         raise ServiceUnavailable(
             f"{kind.replace('_', ' ')} are unavailable: the online store did not answer in "
@@ -404,7 +410,7 @@ class _Core:
 
         now = _now_ms()
         it = iter(replies)
-        changed = self.see_live(next(it))
+        live = self.see_live(next(it))
         trending: list[Scored] = []
         trending_as_of: int | None = None
         if n_trending:
@@ -414,11 +420,12 @@ class _Core:
         if feature_cmd is not None:
             features = self.reader.decode(next(it))
         candidates = _pairs(next(it)) if version else []
-        if changed:
-            # The live model moved since we last looked: read the new version's candidates.
+        if live != version:
+            # The live model moved since this process last looked: read the new version's
+            # candidates (one more trip, once per switch and process).
             candidates = []
-            if self.live_version:
-                candidates = _pairs((yield [_zrange(user_recs_key(self.live_version, user_id), n_candidates)])[0])
+            if live:
+                candidates = _pairs((yield [_zrange(user_recs_key(live, user_id), n_candidates)])[0])
 
         # Item categories: only when the boost or the cold-start path can use them.
         needed: list[str] = []
@@ -464,7 +471,7 @@ class _Core:
             user_id=user_id,
             known_user=bool(candidates),
             items=items,
-            model_version=self.live_version,
+            model_version=live,
             freshness=freshness,
         )
 
@@ -567,22 +574,19 @@ class _Core:
         if version:
             batch.append(_zrange(similar_items_key(version, item_id), k + 1))
         replies = yield batch
-        now = _now_ms()
-        changed = self.see_live(replies[0])
+        live = self.see_live(replies[0])
         category = _text(replies[1])
         if category is not None:
             self.categories.put(item_id, category, time.monotonic())
         similar = _pairs(replies[2]) if version else []
-        if changed:
+        if live != version:
             similar = []
-            if self.live_version:
-                similar = _pairs((yield [_zrange(similar_items_key(self.live_version, item_id), k + 1)])[0])
+            if live:
+                similar = _pairs((yield [_zrange(similar_items_key(live, item_id), k + 1)])[0])
         if similar:
             items = [RankedItem(item_id=s.item_id, score=s.score, source="model")
                      for s in similar if s.item_id != item_id][:k]
-            return SimilarItemsResponse(
-                item_id=item_id, items=items, model_version=self.live_version, freshness={},
-            )
+            return SimilarItemsResponse(item_id=item_id, items=items, model_version=live, freshness={})
         if category is None:
             self.fallback_used("unknown_item")
             raise UnknownItem("unknown item: the online store has no similar items and no metadata for it")
@@ -590,9 +594,7 @@ class _Core:
         self.fallback_used("similar_top_sellers")
         personal, global_items, freshness = yield from self._cold_start_flow([category], None, k + 1)
         items = blend_fallback(personal, global_items, k=k, exclude={item_id})
-        return SimilarItemsResponse(
-            item_id=item_id, items=items, model_version=self.live_version, freshness=freshness,
-        )
+        return SimilarItemsResponse(item_id=item_id, items=items, model_version=live, freshness=freshness)
 
     def similar_fallback(self, item_id: str, k: int) -> SimilarItemsResponse:
         window = self.settings.serving_fallback_window
@@ -637,11 +639,11 @@ class _Core:
 
     def ready_flow(self) -> Flow[ReadyResponse]:
         replies = yield [("ping", ()), ("get", (live_model_key(),))]
-        self.see_live(replies[1])
-        if self.live_version is None:
+        live = self.see_live(replies[1])
+        if live is None:
             return ReadyResponse(status="not_ready", redis=True, model_version=None,
                                  detail="no live model: the live model pointer is not set")
-        return ReadyResponse(status="ready", redis=True, model_version=self.live_version)
+        return ReadyResponse(status="ready", redis=True, model_version=live)
 
     def ready_fallback(self, exc: BaseException | None) -> ReadyResponse:
         return ReadyResponse(status="not_ready", redis=False, model_version=self.live_version,
