@@ -1,0 +1,397 @@
+"""Sending raw records to Kafka (or a JSON-lines file), paced or not, with progress and a summary.
+
+Shared by ``shopstream generate`` and ``shopstream replay``: both turn their
+input into :class:`Record`-like tuples ``(key, value, label, time_ms)`` in
+event-time order and hand them to :func:`produce`.
+
+Delivery is checked, never assumed: every Kafka send returns a future, futures
+are checked as they complete and once more after the final ``flush``, and the
+report counts the failures (with the first error) so nothing is dropped
+silently.
+
+The file format of ``--output`` is one JSON object per line,
+``{"key": "<user id>" | null, "value": "<base64 of the raw value bytes>"}``:
+base64 keeps payloads that are not UTF-8 (which the generator makes on
+purpose) byte for byte. :func:`read_records` reads it back.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+from kafka.errors import KafkaError
+from kafka.partitioner.default import DefaultPartitioner
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from pipelines.connections import kafka_producer
+from pipelines.settings import Settings
+
+__all__ = [
+    "DUPLICATE",
+    "ProduceReport",
+    "RecordSink",
+    "KafkaSink",
+    "FileSink",
+    "DeliveryError",
+    "open_sink",
+    "produce",
+    "read_records",
+    "render_summary",
+]
+
+log = logging.getLogger(__name__)
+
+DUPLICATE = "duplicate"
+"""Label of a valid record whose event_id was already sent (the stream counts it once)."""
+CHUNK = 2000
+"""Records handed to a sink at a time (bounds the latency of progress and pacing)."""
+PACE_SLACK_S = 0.005
+"""A paced record may leave up to this early; finer sleeps cost more than they buy."""
+STATUS_EVERY_S = 5.0
+"""Status-line period when the console is not a terminal."""
+
+
+class DeliveryError(RuntimeError):
+    """Some records could not be delivered (raised after the summary is shown)."""
+
+
+@dataclass
+class ProduceReport:
+    """What a producing run did; rendered by :func:`render_summary`."""
+
+    target: str
+    sent: int = 0
+    """Records handed to the sink (and, for Kafka, acknowledged unless in ``failed``)."""
+    failed: int = 0
+    first_error: str | None = None
+    labels: Counter[str] = field(default_factory=Counter)
+    """``valid``, ``duplicate`` or the contract's verdict ``reason[:field]`` per record sent."""
+    elapsed_s: float = 0.0
+    interrupted: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
+    """Extra lines for the summary (rows read, time span, ...), in order."""
+
+    @property
+    def valid(self) -> int:
+        return self.labels.get("valid", 0) + self.labels.get(DUPLICATE, 0)
+
+    @property
+    def duplicates(self) -> int:
+        return self.labels.get(DUPLICATE, 0)
+
+    @property
+    def rejected(self) -> Counter[str]:
+        return Counter({k: v for k, v in self.labels.items() if k not in ("valid", DUPLICATE)})
+
+    @property
+    def events_per_s(self) -> float:
+        return self.sent / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+class RecordSink(Protocol):
+    """Where records go: Kafka or a file."""
+
+    description: str
+
+    def send_batch(self, records: Sequence[tuple[Any, ...]]) -> None:
+        """Send ``(key, value, ...)`` tuples; may return before delivery."""
+
+    def close(self) -> tuple[int, str | None]:
+        """Deliver everything still pending; return ``(failed, first_error)``."""
+
+
+class _CachingPartitioner(DefaultPartitioner):
+    """kafka-python's default partitioner (murmur2 of the key, as the Java client) with a cache.
+
+    The pure-Python murmur2 costs about as much as the rest of a send; keys
+    repeat (one per user), so each key's partition is computed once per
+    partition count. Keyless records keep the default behaviour.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cache: dict[tuple[bytes, int], int] = {}
+
+    def partition(self, topic: str, key: Any, serialized_key: bytes | None, value: Any,
+                  serialized_value: Any, cluster: Any) -> int:
+        if serialized_key is None:
+            return super().partition(topic, key, serialized_key, value, serialized_value, cluster)
+        cache_key = (serialized_key, len(cluster.partitions_for_topic(topic)))
+        partition = self._cache.get(cache_key)
+        if partition is None:
+            partition = super().partition(topic, key, serialized_key, value, serialized_value, cluster)
+            self._cache[cache_key] = partition
+        return partition
+
+
+class KafkaSink:
+    """kafka-python producer on ``topic`` with delivery tracking."""
+
+    def __init__(self, settings: Settings, topic: str | None = None) -> None:
+        self.topic = topic or settings.kafka_topic_events
+        self.description = f"Kafka topic {self.topic} at {settings.kafka_bootstrap_servers}"
+        try:
+            self._producer = kafka_producer(settings, partitioner=_CachingPartitioner(), max_block_ms=30_000)
+        except KafkaError as exc:
+            raise DeliveryError(
+                f"cannot reach Kafka at {settings.kafka_bootstrap_servers}: {exc} "
+                "(start one with `shopstream infra up` or set SHOPSTREAM_KAFKA_BOOTSTRAP_SERVERS)"
+            ) from exc
+        try:
+            partitions = self._producer.partitions_for(self.topic)
+        except KafkaError as exc:
+            partitions = None
+            cause: Exception | None = exc
+        else:
+            cause = None
+        if not partitions:
+            self._producer.close(timeout=1)
+            raise DeliveryError(
+                f"Kafka topic {self.topic!r} is not available at {settings.kafka_bootstrap_servers} "
+                "(`shopstream infra up` creates it)"
+            ) from cause
+        self._pending: list[list[Any]] = []
+        self._failed = 0
+        self._first_error: str | None = None
+
+    def _check(self, futures: list[Any]) -> list[Any]:
+        """Count failed futures; return those not done yet."""
+        not_done = []
+        for future in futures:
+            if not future.is_done:
+                not_done.append(future)
+            elif future.failed():
+                self._failed += 1
+                if self._first_error is None:
+                    self._first_error = repr(future.exception)
+        return not_done
+
+    def send_batch(self, records: Sequence[tuple[Any, ...]]) -> None:
+        send, topic = self._producer.send, self.topic
+        self._pending.append([send(topic, value=r[1], key=r[0]) for r in records])
+        # Check older batches once they are likely acknowledged; keep the rest for later.
+        while len(self._pending) > 8:
+            left = self._check(self._pending.pop(0))
+            if left:
+                self._pending.insert(0, left)
+                break
+
+    def close(self) -> tuple[int, str | None]:
+        try:
+            self._producer.flush(timeout=120)
+        except KafkaError as exc:
+            log.error("flush failed: %s", exc)
+            self._first_error = self._first_error or repr(exc)
+        for futures in self._pending:
+            # Anything still not done after the flush is undelivered.
+            left = len(self._check(futures))
+            if left:
+                self._failed += left
+                self._first_error = self._first_error or "not acknowledged within the flush timeout"
+        self._pending = []
+        self._producer.close(timeout=10)
+        return self._failed, self._first_error
+
+
+class FileSink:
+    """JSON lines ``{"key": str | null, "value": base64}``, one per record."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.description = f"file {self.path}"
+        self._file = self.path.open("wb")
+
+    def send_batch(self, records: Sequence[tuple[Any, ...]]) -> None:
+        b64, dumps = base64.b64encode, orjson.dumps
+        self._file.write(b"".join(
+            b'{"key":' + dumps(r[0].decode() if r[0] is not None else None)
+            + b',"value":"' + b64(r[1]) + b'"}\n'
+            for r in records
+        ))
+
+    def close(self) -> tuple[int, str | None]:
+        self._file.close()
+        return 0, None
+
+
+def open_sink(settings: Settings, output: Path | None) -> RecordSink:
+    """A :class:`FileSink` when ``output`` is given, else a :class:`KafkaSink` on the events topic."""
+    return FileSink(output) if output is not None else KafkaSink(settings)
+
+
+def read_records(path: Path) -> Iterator[tuple[bytes | None, bytes]]:
+    """Read an ``--output`` file back as ``(key, value)`` byte pairs."""
+    with Path(path).open("rb") as fh:
+        for line in fh:
+            doc = orjson.loads(line)
+            key = doc["key"]
+            yield (key.encode() if key is not None else None), base64.b64decode(doc["value"])
+
+
+class _Progress:
+    """A rich progress bar on a terminal, else a status line every few seconds."""
+
+    def __init__(self, console: Console, description: str, total: int | None) -> None:
+        self.console, self.description, self.total = console, description, total
+        self.done = 0
+        self._bar: Progress | None = None
+        self._task: Any = None
+        self._start = self._last = time.monotonic()
+
+    def __enter__(self) -> _Progress:
+        if self.console.is_terminal:
+            self._bar = Progress(
+                SpinnerColumn(),
+                TextColumn("[progress.description]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]:>10,.0f} events/s"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=False,
+            )
+            self._bar.__enter__()
+            self._task = self._bar.add_task(self.description, total=self.total, rate=0.0)
+        return self
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        rate = self.done / max(now - self._start, 1e-9)
+        if self._bar is not None:
+            self._bar.update(self._task, advance=n, rate=rate)
+        elif now - self._last >= STATUS_EVERY_S:
+            self._last = now
+            of = f" of {self.total:,}" if self.total else ""
+            log.info("%s: %s%s records sent (%s/s)", self.description, f"{self.done:,}", of, f"{rate:,.0f}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+
+
+def produce(
+    records: Iterable[tuple[bytes | None, bytes, str | None, int]],
+    sink: RecordSink,
+    report: ProduceReport,
+    *,
+    pace: float | None = None,
+    total: int | None = None,
+    console: Console | None = None,
+    description: str = "sending",
+) -> ProduceReport:
+    """Send ``(key, value, label, time_ms)`` records in order, paced by their times or not.
+
+    Parameters
+    ----------
+    records
+        In event-time order; ``label`` is ``None`` for a valid record, ``"duplicate"``,
+        or the contract's verdict; ``time_ms`` is when the record is due.
+    sink
+        Kafka or file; closed here (flushed, delivery checked).
+    report
+        Filled in and returned.
+    pace
+        ``None``: as fast as possible. Else a time compression factor: a record
+        leaves ``(time_ms - first time_ms) / pace`` ms after the first (1.0 =
+        real time).
+    total
+        Expected number of records, for the progress bar.
+    """
+    console = console or Console(stderr=True)
+    labels = report.labels
+    buffer: list[tuple[bytes | None, bytes, str | None, int]] = []
+    start = time.monotonic()
+    first_ms: int | None = None
+
+    def flush(progress: _Progress) -> None:
+        sink.send_batch(buffer)
+        for record in buffer:
+            labels[record[2] or "valid"] += 1
+        report.sent += len(buffer)
+        progress.advance(len(buffer))
+        buffer.clear()
+
+    with _Progress(console, description, total) as progress:
+        try:
+            for record in records:
+                if pace is not None:
+                    if first_ms is None:
+                        first_ms = record[3]
+                    due = start + (record[3] - first_ms) / 1000.0 / pace
+                    now = time.monotonic()
+                    if due > now + PACE_SLACK_S:
+                        if buffer:
+                            flush(progress)
+                        time.sleep(max(0.0, due - time.monotonic()))
+                buffer.append(record)
+                if len(buffer) >= CHUNK:
+                    flush(progress)
+            if buffer:
+                flush(progress)
+        except KeyboardInterrupt:
+            report.interrupted = True
+            log.warning("interrupted: delivering what was already sent")
+            if buffer:
+                flush(progress)
+        finally:
+            report.failed, report.first_error = sink.close()
+            report.elapsed_s = time.monotonic() - start
+    return report
+
+
+def render_summary(report: ProduceReport, console: Console, *, title: str,
+                   bad_heading: str = "bad, by reason") -> None:
+    """Print the end-of-run table: sent, valid vs bad by reason, duplicates, speed."""
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_row("target", report.target)
+    for name, value in report.details.items():
+        table.add_row(name, f"{value:,}" if isinstance(value, int) else str(value))
+    table.add_row("records sent", f"{report.sent:,}")
+    failed = f"[red]{report.failed:,}[/red]" if report.failed else "0"
+    table.add_row("delivery failures", failed)
+    table.add_row("valid", f"{report.valid:,}")
+    table.add_row("  of which duplicates", f"{report.duplicates:,}")
+    rejected = report.rejected
+    table.add_row(bad_heading, f"{sum(rejected.values()):,}")
+    by_reason: Counter[str] = Counter()
+    fields: dict[str, list[str]] = {}
+    for label, n in rejected.items():
+        reason, _, name = label.partition(":")
+        by_reason[reason] += n
+        if name:
+            fields.setdefault(reason, []).append(name)
+    for reason, n in sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0])):
+        names = fields.get(reason, [])
+        # One field: name it as the quarantine does (reason:field); several: the reason alone.
+        table.add_row(f"  {reason}:{names[0]}" if len(names) == 1 else f"  {reason}", f"{n:,}")
+    table.add_row("elapsed", f"{report.elapsed_s:,.2f} s")
+    table.add_row("throughput", f"{report.events_per_s:,.0f} events/s")
+    if report.interrupted:
+        table.add_row("[yellow]interrupted[/yellow]", "yes")
+    console.print(table)
+    if report.failed:
+        log.error("%s of %s records were not delivered (first error: %s)",
+                  f"{report.failed:,}", f"{report.sent:,}", report.first_error)
