@@ -196,10 +196,172 @@ def backfill() -> None:
     _not_yet("backfill", 3)
 
 
-@app.command()
-def train() -> None:
-    """Train, evaluate and register recommendation models with MLflow."""
-    _not_yet("train", 5)
+# ------------------------------------------------------------------ training
+train_app = typer.Typer(
+    help="Train, evaluate and register recommendation models with MLflow; promote and roll back.",
+    no_args_is_help=False,
+)
+app.add_typer(train_app, name="train")
+
+_MODEL_HELP = (
+    "Model to train, or 'all' (repeat or comma-separate): popularity, popularity_region, item_knn, "
+    "ease, als, ltr. The popularity baseline is always trained for comparison."
+)
+
+
+@train_app.callback(invoke_without_command=True)
+def train(
+    ctx: typer.Context,
+    model: Annotated[list[str], typer.Option("--model", "-m", help=_MODEL_HELP)] = ["all"],  # noqa: B006
+    since: Annotated[str | None, typer.Option(help="Start of the event-time range, inclusive (ISO-8601, UTC).")] = None,
+    until: Annotated[str | None, typer.Option(help="End of the event-time range, exclusive (ISO-8601, UTC).")] = None,
+    events: Annotated[Path | None, typer.Option(
+        "--events", help="Train on this interactions table (CSV, Parquet, JSON lines: user, item, time, "
+                         "event type or weight) instead of the offline store.")] = None,
+    register: Annotated[bool, typer.Option(
+        "--register/--no-register", help="Register the best model as 'challenger' and gate it against the champion.")] = True,
+    publish: Annotated[bool, typer.Option(
+        "--publish/--no-publish", help="When promoted, batch-score it into Redis and switch the live version.")] = True,
+    features: Annotated[bool, typer.Option(
+        "--features/--no-features", help="Give the re-ranker Feast's historical features (offline store only).")] = True,
+) -> None:
+    """Train, evaluate on a time-based test split, log to MLflow, register and gate by alias."""
+    if ctx.invoked_subcommand is not None:
+        return
+    import mlflow
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from training.experiment import TrainOptions, resolve_models, run_training
+    from training.tracking import configure_tracking, run_url
+
+    settings = load_settings()
+    try:
+        kinds = resolve_models(model)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    options = TrainOptions(models=kinds, since=since, until=until, events=events,
+                           register=register, publish=publish)
+    configure_tracking(settings)
+    provider = _train_feature_provider(settings) if features and events is None and "ltr" in kinds else None
+    total = len(set(kinds) | {"popularity"}) + 2 + (2 if register else 0)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        task = progress.add_task("starting", total=total)
+        steps = [0]
+
+        def step(description: str) -> None:
+            progress.update(task, description=description, completed=steps[0])
+            steps[0] += 1
+
+        with mlflow.start_run(run_name=f"train-{'-'.join(kinds) if len(kinds) < 4 else 'all'}") as run:
+            try:
+                report = run_training(settings, options, feature_provider=provider, step=step)
+            except (ValueError, LookupError) as exc:
+                raise UserError(str(exc)) from exc
+        progress.update(task, description="done", completed=total)
+    _print_train_report(settings, report, run_url(run))
+
+
+def _train_feature_provider(settings: Settings) -> object | None:
+    """Feast's historical features for the re-ranker, or None (with a note) when Feast is not set up."""
+    from training.features import feast_feature_provider
+
+    try:
+        return feast_feature_provider(settings)
+    except (ImportError, FileNotFoundError, LookupError) as exc:
+        console.print(f"[yellow]note:[/yellow] re-ranking without Feast features ({exc})")
+        return None
+
+
+def _print_train_report(settings: Settings, report: object, link: str) -> None:
+    from training.metrics import metric_key, parse_metric
+
+    _, k = parse_metric(settings.train_gate_metric)
+    table = Table(title=f"Test metrics at k={k} ({report.split.kind} split, {int(report.split.stats()['eval_users'])} users)")  # type: ignore[attr-defined]
+    cols = ["ndcg", "precision", "recall", "map", "hit_rate", "coverage"]
+    table.add_column("model")
+    for c in cols:
+        table.add_column(f"{c}@{k}", justify="right")
+    table.add_column(f"validation ndcg@{k}", justify="right")
+    table.add_column("fit s", justify="right")
+    frame = report.table  # type: ignore[attr-defined]
+    for kind, row in frame.iterrows():
+        name = f"[bold]{kind}[/bold] *" if kind == report.best else str(kind)  # type: ignore[attr-defined]
+        val = row.get(f"validation_{metric_key('ndcg', k)}", float("nan"))
+        table.add_row(name, *[f"{row[metric_key(c, k)]:.4f}" for c in cols],
+                      "-" if val != val else f"{val:.4f}", f"{row['fit_seconds']:.1f}")
+    out.print(table)
+    out.print(f"* best on validation: {report.best}")  # type: ignore[attr-defined]
+    if report.version is not None:  # type: ignore[attr-defined]
+        decision = report.decision  # type: ignore[attr-defined]
+        out.print(f"registered {settings.model_name} version {report.version}: "  # type: ignore[attr-defined]
+                  f"{decision.tags()['gate.decision']} ({decision.reason})")
+        if report.scoring is not None:  # type: ignore[attr-defined]
+            s = report.scoring  # type: ignore[attr-defined]
+            out.print(f"live in Redis: version {s.version} ({s.keys} keys in {s.seconds:.1f}s)")
+    out.print(f"MLflow run {report.run_id}: {link}")  # type: ignore[attr-defined]
+
+
+@train_app.command("promote")
+def train_promote(
+    version: Annotated[str | None, typer.Option(help="Registry version (default: the challenger).")] = None,
+    publish: Annotated[bool, typer.Option("--publish/--no-publish", help="Batch-score it into Redis and switch the live version.")] = True,
+) -> None:
+    """Make a version the champion (skipping the gate); the old champion becomes 'previous'."""
+    from training.experiment import promote_version
+    from training.tracking import configure_tracking
+
+    settings = load_settings()
+    configure_tracking(settings)
+    try:
+        old, new = promote_version(settings, version, publish=publish)
+    except (LookupError, ValueError) as exc:
+        raise UserError(str(exc)) from exc
+    except Exception as exc:
+        if type(exc).__name__ == "MlflowException":
+            raise UserError(f"cannot promote: {exc}") from exc
+        raise
+    out.print(f"{settings.model_name}: champion {old or '-'} -> {new}" + (" (live in Redis)" if publish else ""))
+
+
+@train_app.command("rollback")
+def train_rollback(
+    publish: Annotated[bool, typer.Option("--publish/--no-publish", help="Also switch the live version in Redis.")] = True,
+) -> None:
+    """Champion back to the previous version; Redis switches back in one step."""
+    from training.experiment import rollback_champion
+    from training.tracking import configure_tracking
+
+    settings = load_settings()
+    configure_tracking(settings)
+    try:
+        old, new = rollback_champion(settings, publish=publish)
+    except LookupError as exc:
+        raise UserError(str(exc)) from exc
+    out.print(f"{settings.model_name}: champion {old} -> {new}" + (" (live in Redis)" if publish else ""))
+
+
+@train_app.command("score")
+def train_score(
+    version: Annotated[str | None, typer.Option(help="Registry version (default: the champion).")] = None,
+) -> None:
+    """Batch-score a version (default: the champion) into Redis and make it live."""
+    from mlflow import MlflowClient
+
+    from training.experiment import publish_version
+    from training.registry import CHAMPION, alias_version
+    from training.tracking import configure_tracking
+
+    settings = load_settings()
+    configure_tracking(settings)
+    if version is None:
+        champion = alias_version(MlflowClient(), settings.model_name, CHAMPION)
+        if champion is None:
+            raise UserError(f"{settings.model_name} has no champion yet: run `shopstream train` first")
+        version = champion.version
+    stats = publish_version(settings, version)
+    out.print(f"version {version} live in Redis: {stats.users} users, {stats.items} items, "
+              f"{stats.keys} keys in {stats.seconds:.1f}s")
 
 
 @app.command()

@@ -264,8 +264,10 @@ def read_interactions_file(
     dropped: dict[str, int] = {}
     keep = pd.Series(True, index=raw.index)
     if picked["quantity"]:
+        # the contract's default quantity is 1: only an explicit value below 1 (a return,
+        # a cancellation) drops the row
         qty = pd.to_numeric(raw[picked["quantity"]], errors="coerce")
-        bad_qty = ~(qty >= 1)
+        bad_qty = qty.notna() & (qty < 1)
         dropped["quantity_below_1"] = int((bad_qty & keep).sum())
         keep &= ~bad_qty
     if picked["invoice"]:

@@ -23,7 +23,7 @@ from training.data import Split
 from training.metrics import METRICS, metric_key, parse_metric, ranking_metrics
 from training.models import Recommender, make_model, model_class
 
-__all__ = ["ModelResult", "evaluate", "select_and_fit", "comparison_table"]
+__all__ = ["ModelResult", "evaluate", "evaluate_external", "select_and_fit", "comparison_table"]
 
 _log = logging.getLogger(__name__)
 
@@ -138,3 +138,32 @@ def comparison_table(results: Sequence[ModelResult], ks: Sequence[int]) -> pd.Da
         row["fit_seconds"] = r.fit_seconds
         rows.append(row)
     return pd.DataFrame(rows).set_index("model")
+
+
+def evaluate_external(model: Recommender, split: Split, ks: Iterable[int]) -> dict[str, float]:
+    """Evaluate a model fitted on *other* data (e.g. the registered champion) on ``split``.
+
+    Users and items are matched by external id. Items the user interacted with in
+    ``split.train`` are dropped from the model's list (as :func:`evaluate` excludes
+    them); items unknown to the split's catalog stay in place as misses, since that is
+    what the model would show. Users the model does not know get its fallback list.
+    """
+    ks = sorted(set(ks))
+    kmax = ks[-1]
+    users = split.eval_users
+    if not len(users):
+        return ranking_metrics(np.full((0, kmax), -1), split.test[users], ks, n_items=split.train.n_items)
+    seen = split.train.matrix
+    fetch = kmax + int(np.diff(seen.indptr)[users].max())
+    answers = model.recommend_ids(
+        [str(u) for u in split.train.user_ids[users]], fetch,
+        regions=[str(r) for r in split.train.user_region[users]], exclude_seen=True,
+    )
+    index = split.train.item_index
+    recs = np.full((len(users), kmax), -1, dtype=np.int64)
+    for row, (u, (ids, _)) in enumerate(zip(users, answers, strict=True)):
+        seen_items = set(seen.indices[seen.indptr[u] : seen.indptr[u + 1]].tolist())
+        kept = [index.get(i, -1) for i in ids]
+        kept = [i for i in kept if i not in seen_items or i < 0][:kmax]
+        recs[row, : len(kept)] = kept
+    return ranking_metrics(recs, split.test[users], ks, n_items=split.train.n_items)

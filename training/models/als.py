@@ -95,13 +95,14 @@ class ALS(Recommender):
 
     kind = "als"
     default_params: dict[str, Any] = {
-        "factors": 64, "reg": 0.1, "alpha": 10.0, "iterations": 12, "cg_steps": 3, "seed": 42,
+        "factors": 64, "reg": 0.1, "alpha": 10.0, "iterations": 10, "cg_steps": 3, "seed": 42,
     }
+    # reg spans sparse (a few interactions per user) to dense (hundreds) data sets
     param_grid = [
-        {"factors": 32, "reg": 0.1, "alpha": 5.0},
         {"factors": 64, "reg": 0.1, "alpha": 10.0},
-        {"factors": 64, "reg": 1.0, "alpha": 20.0},
-        {"factors": 128, "reg": 1.0, "alpha": 10.0},
+        {"factors": 32, "reg": 10.0, "alpha": 5.0},
+        {"factors": 32, "reg": 100.0, "alpha": 5.0},
+        {"factors": 64, "reg": 200.0, "alpha": 20.0},
     ]
 
     def __init__(self, **params: Any) -> None:

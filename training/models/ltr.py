@@ -32,7 +32,7 @@ import scipy.sparse as sp
 from training.data import TrainingData
 from training.models.base import Recommender
 
-__all__ = ["LearningToRank", "FeatureProvider", "activity_features"]
+__all__ = ["LearningToRank", "FeatureProvider", "activity_features", "category_affinity"]
 
 _log = logging.getLogger(__name__)
 
@@ -71,6 +71,32 @@ def activity_features(data: TrainingData, at: pd.Timestamp) -> tuple[np.ndarray,
     return users, items
 
 
+def category_affinity(data: TrainingData, at: pd.Timestamp) -> tuple[sp.csr_matrix, np.ndarray]:
+    """Each user's share of interaction weight per category, and each item's category.
+
+    Returns (n_users x n_categories CSR of shares, item -> category code or -1). Empty
+    when the interactions carry no ``category_id``. The pair feature "how much of this
+    user's activity is in this item's category" is ``shares[u, category[i]]``.
+    """
+    frame = data.frame[data.frame["event_time"] < at]
+    if "category_id" not in frame.columns or frame.empty:
+        return sp.csr_matrix((data.n_users, 0), dtype=np.float32), np.full(data.n_items, -1, dtype=np.int64)
+    cats = frame["category_id"].astype("string").fillna("")
+    codes, uniques = pd.factorize(cats)
+    by_item = (pd.DataFrame({"i": frame["item_idx"].to_numpy(), "c": codes})
+               .groupby(["i", "c"]).size().rename("n").reset_index()
+               .sort_values(["i", "n", "c"], ascending=[True, False, True]).drop_duplicates("i"))
+    item_cat = np.full(data.n_items, -1, dtype=np.int64)
+    item_cat[by_item["i"].to_numpy()] = by_item["c"].to_numpy()
+    m = sp.csr_matrix((frame["weight"].to_numpy(np.float32), (frame["user_idx"].to_numpy(), codes)),
+                      shape=(data.n_users, len(uniques)))
+    m.sum_duplicates()
+    totals = np.asarray(m.sum(axis=1)).ravel()
+    totals[totals == 0] = 1.0
+    shares = sp.diags(1.0 / totals).dot(m).tocsr().astype(np.float32)
+    return shares, item_cat
+
+
 class LearningToRank(Recommender):
     """Candidates from component models, re-ranked by gradient boosting."""
 
@@ -102,6 +128,8 @@ class LearningToRank(Recommender):
         self.external_user_names: list[str] = []
         self.external_item_names: list[str] = []
         self.feature_provider: FeatureProvider | None = None
+        self.user_category = sp.csr_matrix((0, 0), dtype=np.float32)
+        self.item_category = np.empty(0, dtype=np.int64)
 
     def with_features(self, provider: FeatureProvider | None) -> LearningToRank:
         """Use ``provider`` (e.g. Feast historical features) for user and item features."""
@@ -145,6 +173,7 @@ class LearningToRank(Recommender):
         self, comps: dict[str, Recommender], pair_users: np.ndarray, pair_items: np.ndarray,
         ranks: dict[str, np.ndarray], user_act: np.ndarray, item_act: np.ndarray,
         user_ext: np.ndarray, item_ext: np.ndarray,
+        user_cat: sp.csr_matrix, item_cat: np.ndarray,
     ) -> np.ndarray:
         cols: list[np.ndarray] = []
         block_users = np.unique(pair_users)
@@ -161,6 +190,12 @@ class LearningToRank(Recommender):
             cols += [scores, ranks[kind]]
         cols += [user_act[pair_users, j] for j in range(user_act.shape[1])]
         cols += [item_act[pair_items, j] for j in range(item_act.shape[1])]
+        if user_cat.shape[1]:
+            cat = item_cat[pair_items]
+            known = cat >= 0
+            share = np.full(len(pair_users), np.nan, dtype=np.float32)
+            share[known] = np.asarray(user_cat[pair_users[known], cat[known]]).ravel()
+            cols.append(share)
         if user_ext.size:
             cols += [user_ext[pair_users, j] for j in range(user_ext.shape[1])]
         if item_ext.size:
@@ -206,12 +241,14 @@ class LearningToRank(Recommender):
         self.external_user_names, self.external_item_names = [], []
         u_ext, i_ext = self._external(base, cutoff)
         u_act, i_act = activity_features(base, cutoff)
+        u_cat, i_cat = category_affinity(base, cutoff)
         pu, pi, ranks = self._candidates(comps, users)
-        x = self._features(comps, pu, pi, ranks, u_act, i_act, u_ext, i_ext)
+        x = self._features(comps, pu, pi, ranks, u_act, i_act, u_ext, i_ext, u_cat, i_cat)
         y = (np.asarray(labels[pu, pi]).ravel() > 0).astype(np.int8)
         self.feature_names = (
             [f"{k}_{what}" for k in comps for what in ("score", "rank")]
-            + _USER_ACTIVITY + _ITEM_ACTIVITY + self.external_user_names + self.external_item_names
+            + _USER_ACTIVITY + _ITEM_ACTIVITY + (["category_share"] if u_cat.shape[1] else [])
+            + self.external_user_names + self.external_item_names
         )
         _log.info("ltr: %d candidate rows for %d users, %d positives", len(y), len(users), int(y.sum()))
         if y.sum() == 0 or y.sum() == len(y):
@@ -229,6 +266,9 @@ class LearningToRank(Recommender):
         self.components = self._fit_components(data)
         end = data.end_time + pd.Timedelta(microseconds=1)
         self.user_activity, self.item_activity = activity_features(data, end)
+        self.user_category, self.item_category = category_affinity(data, end)
+        if u_cat.shape[1] == 0:  # keep the feature set the ranker was trained on
+            self.user_category = sp.csr_matrix((data.n_users, 0), dtype=np.float32)
         self.user_external, self.item_external = self._external(data, end)
 
     def refresh_features(self, provider: FeatureProvider, at: pd.Timestamp) -> None:
@@ -254,7 +294,7 @@ class LearningToRank(Recommender):
         if not len(pu):
             return out
         x = self._features(self.components, pu, pi, ranks, self.user_activity, self.item_activity,
-                           self.user_external, self.item_external)
+                           self.user_external, self.item_external, self.user_category, self.item_category)
         p = self.ranker.predict_proba(x)[:, 1].astype(np.float32)
         dense = np.full((len(uniq), self.n_items), -np.inf, dtype=np.float32)
         dense[np.searchsorted(uniq, pu), pi] = p
@@ -277,10 +317,13 @@ class LearningToRank(Recommender):
             "item_activity": self.item_activity,
             "user_external": self.user_external,
             "item_external": self.item_external,
+            "user_category": self.user_category,
+            "item_category": self.item_category,
         }
 
     def _load_state(self, arrays: dict[str, Any]) -> None:
-        for name in ("user_activity", "item_activity", "user_external", "item_external"):
+        for name in ("user_activity", "item_activity", "user_external", "item_external",
+                     "user_category", "item_category"):
             setattr(self, name, arrays[name])
 
     def _extra_save(self, path: Path) -> None:
