@@ -322,12 +322,8 @@ class ClickstreamModel:
         self._user_region = [self.store.region_names[r] for r in self.store.user_region.tolist()]
 
     # ----------------------------------------------------------- sessions
-    def _new_sessions(self, n: int) -> list[tuple[str, int, list[tuple[int, int, int]]]]:
-        """``n`` sessions: ``(json_fragment, user, events)`` with events in reverse order.
-
-        The fragment holds the session's constant fields (user, session, region,
-        device) as JSON, so a record costs one string format.
-        """
+    def _draw_sessions(self, n: int) -> list[tuple[int, int, list[tuple[int, int, int]]]]:
+        """``n`` sessions as ``(user, device, events)``, events ``(type, item, quantity)`` in order."""
         store, rng = self.store, self._session_rng
         users = store.draw_users(rng.random(n))
         devices = np.where(
@@ -347,7 +343,6 @@ class ClickstreamModel:
         bought = carted & (rng.random(v) < PURCHASE_RATE)
 
         items_l, carted_l, qty_l, bought_l = items.tolist(), carted.tolist(), quantity.tolist(), bought.tolist()
-        user_ids, regions, device_names = store.user_ids, self._user_region, store.device_names
         sessions = []
         pos = 0
         for user, device, nv in zip(users.tolist(), devices.tolist(), n_views.tolist(), strict=True):
@@ -362,14 +357,58 @@ class ClickstreamModel:
                         checkout.append((_PURCHASE, item, qty_l[j]))
             pos += nv
             events.extend(checkout)
-            events.reverse()
+            sessions.append((user, device, events))
+        return sessions
+
+    def _open(
+        self, drawn: list[tuple[int, int, list[tuple[int, int, int]]]]
+    ) -> list[tuple[str, int, list[tuple[int, int, int]]]]:
+        """Number the sessions and turn them into ``(json_fragment, user, reversed events)``.
+
+        The fragment holds the session's constant fields (user, session, region,
+        device) as JSON, so a record costs one string format.
+        """
+        user_ids, regions, device_names = self.store.user_ids, self._user_region, self.store.device_names
+        opened = []
+        for user, device, events in drawn:
             self._session_seq += 1
             fragment = (
                 f'"user_id":"{user_ids[user]}","session_id":"{self.run_tag}-s{self._session_seq:09d}",'
                 f'"region":"{regions[user]}","device":"{device_names[device]}"'
             )
-            sessions.append((fragment, user, events))
-        return sessions
+            opened.append((fragment, user, events[::-1]))
+        return opened
+
+    def _new_sessions(self, n: int) -> list[tuple[str, int, list[tuple[int, int, int]]]]:
+        return self._open(self._draw_sessions(n))
+
+    def _sessions_in_progress(self, k: int) -> list[tuple[str, int, list[tuple[int, int, int]]]]:
+        """The ``k`` sessions open when the stream starts, as in the steady state.
+
+        A slot holds a session for as many events as it has, so open sessions
+        are drawn in proportion to their length, and each has already been
+        under way for a uniform number of its events (those came before the
+        start and are not sent). Without this the stream would begin with
+        ``k`` fresh sessions and no checkouts for minutes. These are sessions
+        ``1..k`` of the run (see :attr:`sessions_in_progress`).
+        """
+        rng = self._session_rng
+        candidates = self._draw_sessions(3 * k)
+        lengths = np.array([len(events) for _, _, events in candidates], dtype=float)
+        # Weighted sampling without replacement (Efraimidis-Spirakis): the k largest log(u)/w.
+        keys = np.log(rng.random(len(candidates))) / lengths
+        chosen = np.sort(np.argpartition(-keys, k - 1)[:k])
+        skips = (rng.random(k) * lengths[chosen]).astype(int).tolist()
+        drawn = []
+        for idx, skip in zip(chosen.tolist(), skips, strict=True):
+            user, device, events = candidates[idx]
+            drawn.append((user, device, events[skip:]))
+        return self._open(drawn)
+
+    @property
+    def sessions_in_progress(self) -> int:
+        """Sessions numbered up to this started before the first event (their early events are missing)."""
+        return self.open_sessions
 
     # ------------------------------------------------------------- stream
     def __iter__(self) -> Iterator[Record]:
@@ -378,7 +417,7 @@ class ClickstreamModel:
     def _records(self) -> Iterator[Record]:
         rng, mrng = self._stream_rng, self._mutation_rng
         k = self.open_sessions
-        slots = self._new_sessions(k)
+        slots = self._sessions_in_progress(k)
         queue: list[tuple[str, int, list[tuple[int, int, int]]]] = []
         user_keys = self.store.user_keys
         item_fragments = [
@@ -401,7 +440,8 @@ class ClickstreamModel:
         sec_text = ""
         while True:
             gaps = rng.exponential(mean_gap, _BLOCK)
-            times = (self.start_ms + np.floor(clock + np.cumsum(gaps))).astype(np.int64).tolist()
+            # Each event waits its gap after the previous one; the first is at the start.
+            times = (self.start_ms + np.floor(clock + np.cumsum(gaps) - gaps)).astype(np.int64).tolist()
             clock += float(gaps.sum())
             picks = rng.integers(0, k, _BLOCK).tolist()
             bad = (rng.random(_BLOCK) < bad_fraction).tolist() if bad_fraction > 0 else None
@@ -513,7 +553,7 @@ def corrupt(
         ev[name] = rnd.choice((
             time.strftime("%m/%d/%Y %H:%M:%S", sec),  # US-style local format
             time.strftime("%Y-13-%dT%H:%M:%SZ", sec),  # month 13
-            t_ms / 1000 + 0.25,  # epoch seconds with a fraction, not millis
+            t_ms // 1000 + 0.5,  # epoch seconds with a fraction, not millis
         ))
     elif kind == Reason.FUTURE_TIMESTAMP:
         name = "event_time"
