@@ -75,6 +75,7 @@ __all__ = [
     "load_table",
     "ReplayPlan",
     "plan_replay",
+    "preset_path",
     "run_replay",
 ]
 
@@ -233,21 +234,28 @@ def _iso(ts: pd.Series) -> list[str]:
     return (ts.dt.strftime("%Y-%m-%dT%H:%M:%S.%f").str[:-3] + "Z").tolist()
 
 
+def _epoch_times(numbers: pd.Series) -> pd.Series:
+    """Epoch millis (seconds below :data:`_SECONDS_BELOW`) as UTC times; NaT where not valid."""
+    millis = numbers.where(numbers.abs() >= _SECONDS_BELOW, numbers * 1000.0)
+    ok = millis.notna() & (millis >= 0) & (millis <= 253_402_300_799_999) & (millis % 1 == 0)
+    return pd.to_datetime(millis.where(ok), unit="ms", utc=True)
+
+
 def _time_values(col: pd.Series) -> tuple[list[Any], np.ndarray]:
     """ISO-8601 UTC strings (raw text where unparseable) and epoch millis (NaN where unparseable)."""
     if pd.api.types.is_datetime64_any_dtype(col.dtype):
         parsed = col.dt.tz_localize("UTC") if col.dt.tz is None else col.dt.tz_convert("UTC")
     elif pd.api.types.is_numeric_dtype(col.dtype):
-        numbers = col.astype(float)
-        millis = numbers.where(numbers.abs() >= _SECONDS_BELOW, numbers * 1000.0)
-        ok = millis.notna() & (millis >= 0) & (millis <= 253_402_300_799_999) & (millis % 1 == 0)
-        parsed = pd.to_datetime(millis.where(ok), unit="ms", utc=True)
+        parsed = _epoch_times(col.astype(float))
     else:
         text = col.astype(str).str.strip()
-        parsed = pd.to_datetime(text, format="ISO8601", utc=True, errors="coerce")
-        retry = parsed.isna() & (text != "")
+        digits = text.str.fullmatch(r"\d+")
+        parsed = pd.to_datetime(text.where(~digits, ""), format="ISO8601", utc=True, errors="coerce")
+        retry = parsed.isna() & (text != "") & ~digits
         if retry.any():
             parsed[retry] = pd.to_datetime(text[retry], format="mixed", utc=True, errors="coerce")
+        if digits.any():
+            parsed[digits] = _epoch_times(pd.to_numeric(text[digits], errors="coerce").astype(float))
     ok = parsed.notna()
     epoch = pd.Timestamp(0, tz="UTC")
     filled = parsed.where(ok, epoch)
@@ -423,6 +431,11 @@ def _shared_data_dir(settings: Settings) -> Path:
     return (Path(__file__).resolve().parents[1] / folder).resolve()
 
 
+def preset_path(settings: Settings, name: str) -> Path:
+    """The data file a preset replays by default (under ``settings.shared_data_dir``)."""
+    return _shared_data_dir(settings) / PRESETS[name].file_name
+
+
 def run_replay(
     settings: Settings,
     *,
@@ -453,7 +466,7 @@ def run_replay(
     if path is None:
         if chosen is None:
             raise UserError("give a CSV or Parquet file to replay, or --preset NAME")
-        path = _shared_data_dir(settings) / chosen.file_name
+        path = preset_path(settings, chosen.name)
         if not path.is_file():
             raise UserError(
                 f"preset {chosen.name}: no file {path} (set SHOPSTREAM_SHARED_DATA_DIR to its folder)"
