@@ -85,8 +85,8 @@ from serving.models import (
     TopItemsResponse,
 )
 from serving.rerank import (
+    Pair,
     RerankParams,
-    Scored,
     UserFeatures,
     blend_fallback,
     is_active,
@@ -145,11 +145,11 @@ def _int(raw: Any) -> int | None:
         return None
 
 
-def _pairs(raw: Any) -> list[Scored]:
-    """``ZREVRANGE ... WITHSCORES`` reply -> scored items."""
+def _pairs(raw: Any) -> list[Pair]:
+    """``ZREVRANGE ... WITHSCORES`` reply (redis-py already paired it) -> ``(item, score)``."""
     if not raw:
         return []
-    return [Scored(m.decode() if isinstance(m, bytes) else str(m), float(s)) for m, s in raw]
+    return [(m.decode(), s) for m, s in raw]
 
 
 def _freshness(as_of_ms: int | None, now_ms: int) -> Freshness:
@@ -183,6 +183,20 @@ class _TTLCache:
             return False, None
         return True, entry[0]
 
+    def get_many(self, keys: Sequence[str], now: float) -> tuple[dict[str, str | None], list[str]]:
+        """``(hits, misses)``: the cached values (misses map to None) and the keys to fetch."""
+        data = self._data
+        found: dict[str, str | None] = {}
+        missing: list[str] = []
+        for key in keys:
+            entry = data.get(key)
+            if entry is not None and entry[1] >= now:
+                found[key] = entry[0]
+            elif key not in found:
+                missing.append(key)
+                found[key] = None
+        return found, missing
+
     def put(self, key: str, value: str | None, now: float) -> None:
         if self.max_size <= 0:
             return
@@ -196,7 +210,7 @@ class _TTLCache:
 
 @dataclass(frozen=True, slots=True)
 class _Remembered:
-    items: tuple[Scored, ...]
+    items: tuple[Pair, ...]
     as_of_ms: int | None
     fetched_ms: int
 
@@ -210,7 +224,7 @@ class _Memory:
         self._lock = threading.Lock()
 
     def remember(
-        self, kind: str, window: str, scope: str, items: Sequence[Scored],
+        self, kind: str, window: str, scope: str, items: Sequence[Pair],
         as_of_ms: int | None, now_ms: int, *, stale_after_ms: int = 60_000,
     ) -> None:
         key = (kind, window, scope)
@@ -347,7 +361,7 @@ class _Core:
 
     def _top_response(
         self, kind: str, window: str, scope: str, category: str | None, region: str | None,
-        items: Sequence[Scored], as_of: int | None, now: int, *, model_version: str | None,
+        items: Sequence[Pair], as_of: int | None, now: int, *, model_version: str | None,
         degraded: bool = False, fetched_ms: int | None = None,
     ) -> TopItemsResponse:
         scope_name = _scope_name(scope)
@@ -361,7 +375,7 @@ class _Core:
             scope=scope_name,
             category=category if scope_name in ("category", "category_region") else None,
             region=region if scope_name in ("region", "category_region") else None,
-            items=[RankedItem(item_id=s.item_id, score=s.score, source=source) for s in items],
+            items=[RankedItem(item_id=i, score=v, source=source) for i, v in items],
             model_version=model_version,
             degraded=degraded,
             freshness=freshness,
@@ -411,7 +425,7 @@ class _Core:
         now = _now_ms()
         it = iter(replies)
         live = self.see_live(next(it))
-        trending: list[Scored] = []
+        trending: list[Pair] = []
         trending_as_of: int | None = None
         if n_trending:
             trending = _pairs(next(it))
@@ -431,7 +445,7 @@ class _Core:
         needed: list[str] = []
         if features is not None:
             if candidates and self.params.category_boost > 0 and is_active(features, now):
-                needed = [c.item_id for c in candidates] + list(features.last_items_viewed)
+                needed = [c[0] for c in candidates] + list(features.last_items_viewed)
             elif not candidates:
                 needed = list(features.last_items_viewed)
         categories = yield from self._categories_flow(needed)
@@ -442,8 +456,8 @@ class _Core:
         if n_trending:
             freshness["trending"] = _freshness(trending_as_of, now)
 
-        personal: list[tuple[Source, list[Scored]]] = []
-        global_items: list[Scored] = []
+        personal: list[tuple[Source, list[Pair]]] = []
+        global_items: list[Pair] = []
         if not candidates:
             self.fallback_used("cold_start")
             signals = user_signals(features, categories, now,
@@ -480,15 +494,7 @@ class _Core:
         if not item_ids:
             return {}
         now_s = time.monotonic()
-        found: dict[str, str | None] = {}
-        missing: list[str] = []
-        for item in item_ids:
-            hit, category = self.categories.get(item, now_s)
-            if hit:
-                found[item] = category
-            elif item not in found:
-                missing.append(item)
-                found[item] = None
+        found, missing = self.categories.get_many(item_ids, now_s)
         if missing:
             missing = list(dict.fromkeys(missing))
             replies = yield [("hget", (item_meta_key(i), ITEM_CATEGORY_FIELD)) for i in missing]
@@ -500,7 +506,7 @@ class _Core:
 
     def _cold_start_flow(
         self, recent_categories: Sequence[str], region: str | None, n: int
-    ) -> Generator[list[Cmd], list[Any], tuple[list[tuple[Source, list[Scored]]], list[Scored], dict[str, Freshness]]]:
+    ) -> Generator[list[Cmd], list[Any], tuple[list[tuple[Source, list[Pair]]], list[Pair], dict[str, Freshness]]]:
         """Top sellers of the user's recent categories (in their region when known), their
         region, then global: one trip."""
         window = self.settings.serving_fallback_window
@@ -518,8 +524,8 @@ class _Core:
             batch.append(("hget", (top_meta_key(), top_meta_field("top", window, scope))))
         replies = yield batch
         now = _now_ms()
-        personal: list[tuple[Source, list[Scored]]] = []
-        global_items: list[Scored] = []
+        personal: list[tuple[Source, list[Pair]]] = []
+        global_items: list[Pair] = []
         freshness: dict[str, Freshness] = {}
         for i, (source, scope) in enumerate(tiers):
             items = _pairs(replies[2 * i])
@@ -553,8 +559,8 @@ class _Core:
                 return RecommendationsResponse(
                     user_id=user_id,
                     known_user=False,
-                    items=[RankedItem(item_id=s.item_id, score=s.score, source=source)
-                           for s in remembered.items[:k]],
+                    items=[RankedItem(item_id=i, score=v, source=source)
+                           for i, v in remembered.items[:k]],
                     model_version=self.live_version,
                     degraded=True,
                     freshness={source: _freshness(remembered.as_of_ms, now),
@@ -584,8 +590,8 @@ class _Core:
             if live:
                 similar = _pairs((yield [_zrange(similar_items_key(live, item_id), k + 1)])[0])
         if similar:
-            items = [RankedItem(item_id=s.item_id, score=s.score, source="model")
-                     for s in similar if s.item_id != item_id][:k]
+            items = [RankedItem(item_id=i, score=v, source="model")
+                     for i, v in similar if i != item_id][:k]
             return SimilarItemsResponse(item_id=item_id, items=items, model_version=live, freshness={})
         if category is None:
             self.fallback_used("unknown_item")
@@ -608,8 +614,8 @@ class _Core:
             if remembered is not None and remembered.items:
                 self.fallback_used("degraded")
                 now = _now_ms()
-                items = [RankedItem(item_id=s.item_id, score=s.score, source=source)
-                         for s in remembered.items if s.item_id != item_id][:k]
+                items = [RankedItem(item_id=i, score=v, source=source)
+                         for i, v in remembered.items if i != item_id][:k]
                 return SimilarItemsResponse(
                     item_id=item_id, items=items, model_version=self.live_version, degraded=True,
                     freshness={source: _freshness(remembered.as_of_ms, now),

@@ -27,11 +27,14 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import NamedTuple
 
 from serving.models import RankedItem, Source
 
 __all__ = [
     "Scored",
+    "Pair",
     "UserFeatures",
     "UserSignals",
     "RerankParams",
@@ -48,12 +51,19 @@ ACTIVE_HORIZON_MS = 3_600_000
 """A category counts as active when the user touched it within this horizon (1 hour)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Scored:
-    """An item and the score its source gave it."""
+class Scored(NamedTuple):
+    """An item and the score its source gave it.
+
+    Every function here accepts plain ``(item_id, score)`` tuples too, which is
+    what the client passes (building them costs a fraction of building objects).
+    """
 
     item_id: str
     score: float
+
+
+Pair = tuple[str, float]
+_score = itemgetter(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,11 +157,11 @@ def user_signals(
     if features.top_category and features.top_category not in ordered:
         ordered[features.top_category] = 1.0
     for i, item in enumerate(features.last_items_viewed):
-        category = item_categories.get(item)
-        if category:
+        viewed_category = item_categories.get(item)
+        if viewed_category:
             weight = 1.0 / (i + 1)
-            if weight > ordered.get(category, 0.0):
-                ordered[category] = weight
+            if weight > ordered.get(viewed_category, 0.0):
+                ordered[viewed_category] = weight
     active = is_active(features, now_ms)
     active_categories = {c: w for c, w in ordered.items() if w > 0} if active else {}
     recent = tuple(sorted(ordered, key=lambda c: -ordered[c])[:max_recent_categories])
@@ -163,40 +173,52 @@ def user_signals(
 
 
 def rank_candidates(
-    candidates: Sequence[Scored],
+    candidates: Sequence[Pair],
     item_categories: Mapping[str, str | None],
     signals: UserSignals,
     *,
     category_boost: float,
     exclude: Collection[str] = (),
-) -> list[Scored]:
-    """Model candidates, minus ``exclude``, ordered by boosted score (ties: model score, id)."""
+) -> list[Pair]:
+    """Model candidates, minus ``exclude``, ordered by boosted score.
+
+    Without a boost the order is the model's (ties in input order); with one,
+    ties of the boosted score fall back to the model score, then the item id.
+    """
     seen: set[str] = set()
-    kept: list[Scored] = []
-    for cand in candidates:
-        if cand.item_id in seen or cand.item_id in exclude:
+    kept: list[Pair] = []
+    for pair in candidates:
+        item_id = pair[0]
+        if item_id in seen or item_id in exclude:
             continue
-        seen.add(cand.item_id)
-        kept.append(cand)
+        seen.add(item_id)
+        kept.append(pair)
     if not kept:
         return []
     active = signals.active_categories
     if not active or category_boost <= 0:
-        return sorted(kept, key=lambda c: (-c.score, c.item_id))
-    lo = min(c.score for c in kept)
-    span = max(c.score for c in kept) - lo
-
-    def final(c: Scored) -> float:
-        norm = (c.score - lo) / span if span > 0 else 1.0
-        category = item_categories.get(c.item_id)
-        return norm + category_boost * (active.get(category, 0.0) if category else 0.0)
-
-    return sorted(kept, key=lambda c: (-final(c), -c.score, c.item_id))
+        # Model order; equal scores keep their input order (the store's), and input that
+        # arrives sorted, as ZREVRANGE returns it, costs a single linear pass.
+        kept.sort(key=_score, reverse=True)
+        return kept
+    lo = min(p[1] for p in kept)
+    span = max(p[1] for p in kept) - lo
+    inv = 1.0 / span if span > 0 else 0.0
+    base = 0.0 if span > 0 else 1.0
+    category_of = item_categories.get
+    weight_of = active.get
+    decorated = [
+        (-(base + (score - lo) * inv + category_boost * weight_of(category_of(item_id) or "", 0.0)),
+         -score, item_id, score)
+        for item_id, score in kept
+    ]
+    decorated.sort()
+    return [(item_id, score) for _, _, item_id, score in decorated]
 
 
 def blend_fallback(
-    personal: Sequence[tuple[Source, Sequence[Scored]]],
-    global_items: Sequence[Scored],
+    personal: Sequence[tuple[Source, Sequence[Pair]]],
+    global_items: Sequence[Pair],
     *,
     k: int,
     exclude: Collection[str] = (),
@@ -215,29 +237,29 @@ def blend_fallback(
         progressed = False
         for qi, (source, items) in enumerate(queues):
             while positions[qi] < len(items):
-                cand = items[positions[qi]]
+                item_id, score = items[positions[qi]]
                 positions[qi] += 1
-                if cand.item_id not in seen:
-                    seen.add(cand.item_id)
-                    out.append(RankedItem(item_id=cand.item_id, score=cand.score, source=source))
+                if item_id not in seen:
+                    seen.add(item_id)
+                    out.append(RankedItem(item_id=item_id, score=score, source=source))
                     progressed = True
                     break
             if len(out) >= k:
                 break
         if not progressed:
             break
-    for cand in global_items:
+    for item_id, score in global_items:
         if len(out) >= k:
             break
-        if cand.item_id not in seen:
-            seen.add(cand.item_id)
-            out.append(RankedItem(item_id=cand.item_id, score=cand.score, source="top_sellers_global"))
+        if item_id not in seen:
+            seen.add(item_id)
+            out.append(RankedItem(item_id=item_id, score=score, source="top_sellers_global"))
     return out
 
 
 def mix_trending(
     ranked: Sequence[RankedItem],
-    trending: Sequence[Scored],
+    trending: Sequence[Pair],
     *,
     k: int,
     share: float,
@@ -253,11 +275,11 @@ def mix_trending(
     top = list(ranked[:k])
     n_want = int(k * share + 0.5) if share > 0 else 0
     listed = {r.item_id for r in top}
-    pool: list[Scored] = []
-    for t in trending:
-        if t.item_id not in listed and t.item_id not in exclude:
-            listed.add(t.item_id)
-            pool.append(t)
+    pool: list[Pair] = []
+    for pair in trending:
+        if pair[0] not in listed and pair[0] not in exclude:
+            listed.add(pair[0])
+            pool.append(pair)
     n_trend = min(n_want, len(pool))
     base = top[: k - n_trend]
     if len(base) < k - n_trend:
@@ -273,9 +295,9 @@ def mix_trending(
     bi = ti = 0
     for pos in range(len(base) + n_trend):
         if (pos in slots or bi >= len(base)) and ti < n_trend:
-            t = pool[ti]
+            item_id, score = pool[ti]
             ti += 1
-            out.append(RankedItem(item_id=t.item_id, score=t.score, source="trending"))
+            out.append(RankedItem(item_id=item_id, score=score, source="trending"))
         else:
             out.append(base[bi])
             bi += 1
@@ -283,17 +305,17 @@ def mix_trending(
 
 
 def rerank(
-    candidates: Sequence[Scored],
+    candidates: Sequence[Pair],
     *,
     features: UserFeatures | None,
     item_categories: Mapping[str, str | None],
-    trending: Sequence[Scored],
+    trending: Sequence[Pair],
     k: int,
     now_ms: int,
     params: RerankParams = RerankParams(),
     exclude_purchased: bool = True,
-    fallback_personal: Sequence[tuple[Source, Sequence[Scored]]] = (),
-    fallback_global: Sequence[Scored] = (),
+    fallback_personal: Sequence[tuple[Source, Sequence[Pair]]] = (),
+    fallback_global: Sequence[Pair] = (),
 ) -> list[RankedItem]:
     """The whole re-ranking: model candidates (or cold-start fallbacks) -> top ``k``.
 
@@ -328,7 +350,7 @@ def rerank(
             candidates, item_categories, signals,
             category_boost=params.category_boost, exclude=exclude,
         )
-        base = [RankedItem(item_id=c.item_id, score=c.score, source="model") for c in ranked[:k]]
+        base = [RankedItem(item_id=item_id, score=score, source="model") for item_id, score in ranked[:k]]
     else:
         base = blend_fallback(fallback_personal, fallback_global, k=k, exclude=exclude)
     return mix_trending(base, trending, k=k, share=params.trending_share, exclude=exclude)

@@ -23,8 +23,8 @@ NOW = 1_750_000_000_000
 CATS = {"a": "shoes", "b": "hats", "c": "shoes", "d": "bags", "e": "hats", "v1": "bags"}
 
 
-def _ids(items: list[RankedItem] | list[Scored]) -> list[str]:
-    return [i.item_id for i in items]
+def _ids(items: list[RankedItem] | list[tuple[str, float]]) -> list[str]:
+    return [i[0] if isinstance(i, tuple) else i.item_id for i in items]
 
 
 def _active_user(**changes: object) -> UserFeatures:

@@ -1,0 +1,287 @@
+"""Serving latency: one user's recommendations, in process and over HTTP, against peers.
+
+Run with ``python -m benchmarks.serving_latency`` (``--quick`` for a short run). It
+
+1. starts its own redis-server and writes a store with the pipelines' own writers
+   (item metadata, top sellers / trending, ``user_activity`` rows in Feast's layout)
+   plus per-user candidates and a live model pointer;
+2. measures, in the same run:
+
+   * ``ServingClient.recommendations`` (in process: one pipelined round trip, then
+     re-ranking) -- target p99 <= 1 ms and no slower than
+   * Feast's own ``FeatureStore.get_online_features`` for that user's features;
+   * a raw ``HMGET`` of the same features (the floor: one round trip, no work);
+   * ``GET /v1/users/{id}/recommendations`` on ``shopstream serve`` (uvicorn) at a
+     fixed 1,000 requests/s, open loop -- target p99 <= 5 ms, no errors -- against
+   * ``feast serve`` answering ``POST /get-online-features`` for the same user's
+     features at the same rate -- target: shopstream's p99 at least 2x lower.
+
+Each call asks for a different known user (round robin over the seeded users), so
+the numbers are "one user's recommendations", not one cached answer. Results go to
+``benchmarks/results/serving_latency.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import BenchResult, bench_settings, open_loop, summarize, write_result
+
+__all__ = ["main"]
+
+log = logging.getLogger(__name__)
+
+REGIONS = ["United Kingdom", "Germany", "France", "EIRE", "Spain"]
+USER_FEATURES = [
+    "views_1h", "carts_1h", "purchases_1h", "last_event_time", "top_category",
+    "category_affinity_ids", "category_affinity_weights", "last_viewed_items",
+]
+
+
+def seed(settings: Any, *, users: int, items: int, categories: int, candidates: int) -> list[str]:
+    """Write a synthetic store; returns the known user ids."""
+    from features import online_keys
+    from features.feast_layout import USER_ACTIVITY
+    from pipelines.connections import redis_client
+    from pipelines.online_writer import write_entity_rows, write_item_metadata, write_top_items
+
+    rng = random.Random(7)
+    now = datetime.now(UTC).replace(microsecond=0)
+    item_ids = [f"{20000 + i}{'AB'[i % 2]}" for i in range(items)]
+    category_of = {item: f"C{i % categories:02d}" for i, item in enumerate(item_ids)}
+    client = redis_client(settings, timeout_ms=10_000)
+    client.flushdb()
+    write_item_metadata(
+        client,
+        [{"item_id": it, "category_id": c, "region": REGIONS[0], "price": 1.0, "event_time": now}
+         for it, c in category_of.items()],
+        ttl_seconds=settings.online_ttl_seconds,
+    )
+    rows = []
+    for window in ("1h", "24h"):
+        for item in item_ids[: min(items, 500)]:
+            region = rng.choice(REGIONS)
+            units = rng.randint(1, 100)
+            for cat, reg in ((None, None), (category_of[item], None), (None, region),
+                             (category_of[item], region)):
+                rows.append({"kind": "top", "window": window, "category_id": cat, "region": reg,
+                             "item_id": item, "score": units, "event_timestamp": now})
+    for item in item_ids[:200]:
+        for reg in (None, rng.choice(REGIONS)):
+            rows.append({"kind": "trend", "window": "1h", "category_id": None, "region": reg,
+                         "item_id": item, "score": rng.uniform(1, 5), "event_timestamp": now})
+    # One row per (kind, window, scope, item): the last write of a duplicate wins.
+    write_top_items(client, rows, top_n=settings.feature_top_n)
+    user_ids = [f"u{i}" for i in range(users)]
+    feature_rows = []
+    for user in user_ids:
+        cats = rng.sample(sorted(set(category_of.values())), 3)
+        feature_rows.append({
+            "user_id": user, "views_1h": rng.randint(0, 5), "views_24h": 10, "carts_1h": 0,
+            "carts_24h": 1, "purchases_1h": 0, "purchases_24h": 1, "spend_1h": 0.0,
+            "spend_24h": 5.0, "distinct_items_viewed_1h": 2,
+            "last_event_time": now - timedelta(minutes=rng.randint(1, 120)),
+            "top_category": cats[0], "category_affinity_ids": cats,
+            "category_affinity_weights": [5.0, 3.0, 1.0],
+            "last_viewed_items": rng.sample(item_ids, 5), "event_timestamp": now,
+        })
+    write_entity_rows(client, USER_ACTIVITY, feature_rows, ttl_seconds=settings.online_ttl_seconds)
+    version = "bench1"
+    with client.pipeline(transaction=False) as pipe:
+        for n, user in enumerate(user_ids):
+            picks = rng.sample(item_ids, candidates)
+            pipe.zadd(online_keys.user_recs_key(version, user),
+                      {it: 1.0 - j / candidates for j, it in enumerate(picks)})
+            if n % 500 == 499:
+                pipe.execute()
+        pipe.execute()
+    client.set(online_keys.live_model_key(), version)
+    client.close()
+    return user_ids
+
+
+def _in_process(settings: Any, users: list[str], n: int) -> dict[str, Any]:
+    from feast import FeatureStore  # noqa: F401 - imported before timing
+
+    from pipelines.connections import redis_client
+    from pipelines.feast_store import feature_store
+    from serving.client import ServingClient
+    from serving.features import FeastUserFeatures
+
+    client = ServingClient(settings)
+    store = feature_store(settings)
+    raw = redis_client(settings)
+    reader = FeastUserFeatures()
+    feast_features = [f"user_activity:{f}" for f in USER_FEATURES]
+
+    def time_calls(call: Any, count: int) -> tuple[list[float], float]:
+        for i in range(min(count // 10, 500)):  # warm-up: connections, caches, imports
+            call(users[i % len(users)])
+        latencies = []
+        start = time.perf_counter()
+        for i in range(count):
+            user = users[i % len(users)]
+            t0 = time.perf_counter()
+            call(user)
+            latencies.append(time.perf_counter() - t0)
+        return latencies, time.perf_counter() - start
+
+    results: dict[str, Any] = {}
+    lat, el = time_calls(lambda u: client.recommendations(u, 10, region="United Kingdom"), n)
+    results["shopstream ServingClient.recommendations (re-ranked)"] = summarize(lat, elapsed_s=el)
+    lat, el = time_calls(
+        lambda u: store.get_online_features(features=feast_features, entity_rows=[{"user_id": u}]).to_dict(),
+        max(n // 10, 200),
+    )
+    results["Feast get_online_features (user_activity only)"] = summarize(lat, elapsed_s=el)
+
+    def raw_hmget(user: str) -> None:
+        _, (key, fields) = reader.command(user)
+        raw.hmget(key, fields)
+
+    lat, el = time_calls(raw_hmget, n)
+    results["raw HMGET of the same features (floor)"] = summarize(lat, elapsed_s=el)
+    client.close()
+    raw.close()
+    return results
+
+
+def _serve(settings: Any, workdir: Path) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHOPSTREAM_")}
+    env.update(SHOPSTREAM_REDIS_URL=settings.redis_url, SHOPSTREAM_API_PORT=str(settings.api_port),
+               SHOPSTREAM_DATA_DIR=settings.data_dir, SHOPSTREAM_API_HOST="127.0.0.1")
+    workdir.mkdir(parents=True, exist_ok=True)
+    log_file = (workdir / "serve.log").open("wb")
+    return subprocess.Popen([sys.executable, "-m", "pipelines.cli", "serve"], cwd=workdir, env=env,
+                            stdout=log_file, stderr=subprocess.STDOUT)
+
+
+def _wait_http(url: str, timeout: float = 120.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} not up within {timeout} s")
+
+
+def _http(settings: Any, users: list[str], rate: float, seconds: float, workdir: Path) -> dict[str, Any]:
+    import httpx
+
+    from benchmarks.feast_serve_peer import FeastServer
+
+    results: dict[str, Any] = {}
+    count = int(rate * seconds)
+    proc = _serve(settings, workdir / "shopstream")
+    base = f"http://127.0.0.1:{settings.api_port}"
+    try:
+        _wait_http(f"{base}/healthz")
+        with httpx.Client(base_url=base, timeout=5.0) as http:
+            def call(i: int) -> None:
+                r = http.get(f"/v1/users/{users[i % len(users)]}/recommendations",
+                             params={"region": "United Kingdom"})
+                if r.status_code != 200 or r.json()["degraded"]:
+                    raise RuntimeError(r.status_code)
+
+            for i in range(500):
+                call(i)
+            lat, errors, el = open_loop(call, rate=rate, count=count, max_seconds=seconds * 3)
+            results["shopstream serve GET /v1/users/{id}/recommendations"] = summarize(
+                lat, elapsed_s=el, errors=errors)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+
+    feast_port = bench_settings("serving_latency").api_port
+    peer = FeastServer(settings, workdir / "feast", feast_port)
+    peer.start()
+    try:
+        features = [f"user_activity:{f}" for f in USER_FEATURES]
+        with httpx.Client(base_url=peer.url, timeout=5.0) as http:
+            def feast_call(i: int) -> None:
+                r = http.post("/get-online-features",
+                              json=FeastServer.request_body(features, "user_id", users[i % len(users)]))
+                if r.status_code != 200:
+                    raise RuntimeError(r.status_code)
+
+            for i in range(500):
+                feast_call(i)
+            lat, errors, el = open_loop(feast_call, rate=rate, count=count, max_seconds=seconds * 3)
+            results["feast serve POST /get-online-features (user_activity only)"] = summarize(
+                lat, elapsed_s=el, errors=errors)
+    finally:
+        peer.stop()
+    return results
+
+
+def main(argv: list[str] | None = None) -> BenchResult:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="short run (fewer calls, 3 s of HTTP)")
+    parser.add_argument("--rate", type=float, default=1000.0, help="HTTP requests per second")
+    parser.add_argument("--no-http", action="store_true", help="in-process measurements only")
+    args = parser.parse_args(argv)
+
+    from pipelines.infra import RedisServer
+
+    settings = bench_settings("serving_latency")
+    workdir = Path(settings.data_dir).resolve().parent
+    server = RedisServer(settings)
+    server.start()
+    result = BenchResult(
+        name="serving_latency",
+        title="Serving: one user's recommendations (re-ranked), in process and over HTTP",
+        targets={
+            "in-process p99": "<= 1 ms and <= Feast get_online_features p99",
+            "HTTP p99 at 1,000 req/s": "<= 5 ms, no errors; >= 2x lower than feast serve",
+        },
+    )
+    try:
+        users = seed(settings, users=2000 if args.quick else 10_000, items=2000, categories=40,
+                     candidates=100)
+        n = 5_000 if args.quick else 20_000
+        measured = _in_process(settings, users, n)
+        if not args.no_http:
+            measured.update(_http(settings, users, args.rate, 3.0 if args.quick else 10.0, workdir))
+    finally:
+        server.stop()
+    for system, summary in measured.items():
+        result.rows.append({"system": system, **summary.row()})
+    ours = measured["shopstream ServingClient.recommendations (re-ranked)"]
+    feast = measured["Feast get_online_features (user_activity only)"]
+    result.ratios["in-process p99: Feast get_online_features / shopstream"] = feast.p99_ms / ours.p99_ms
+    http_ours = measured.get("shopstream serve GET /v1/users/{id}/recommendations")
+    http_feast = measured.get("feast serve POST /get-online-features (user_activity only)")
+    if http_ours and http_feast:
+        result.ratios["HTTP p99: feast serve / shopstream serve"] = http_feast.p99_ms / http_ours.p99_ms
+    result.notes.append(
+        f"{os.cpu_count()} CPUs shared with other work; load average at the end: "
+        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}. Same-run comparisons only."
+    )
+    result.notes.append(
+        "shopstream's call reads candidates, features and trending in one pipelined round trip and "
+        "re-ranks 100 candidates; the Feast peers only read the user's features."
+    )
+    return result
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    outcome = main()
+    path = write_result(outcome)
+    print(outcome.markdown())
+    print(f"wrote {path}")
