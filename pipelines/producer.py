@@ -149,7 +149,9 @@ class KafkaSink:
         self.topic = topic or settings.kafka_topic_events
         self.description = f"Kafka topic {self.topic} at {settings.kafka_bootstrap_servers}"
         try:
-            self._producer = kafka_producer(settings, partitioner=_CachingPartitioner(), max_block_ms=30_000)
+            self._producer = kafka_producer(
+                settings, partitioner=_CachingPartitioner(), max_block_ms=10_000, bootstrap_timeout_ms=10_000
+            )
         except KafkaError as exc:
             raise DeliveryError(
                 f"cannot reach Kafka at {settings.kafka_bootstrap_servers}: {exc} "

@@ -1,0 +1,108 @@
+"""generate and replay into a real Kafka topic, read back with a consumer."""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from features.events import Event, validate_event
+from pipelines.cli import UserError
+from pipelines.clickstream_model import DUPLICATE
+from pipelines.connections import kafka_consumer
+from pipelines.generate import GeneratorConfig, generate_records, run_generate
+from pipelines.replay import run_replay
+from pipelines.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+START = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
+READ_BACK_S = 60
+"""Bound on reading a small topic back."""
+
+
+def _read_all(settings: Settings, topic: str, expected: int) -> list[Any]:
+    """Every record of ``topic`` (waits up to READ_BACK_S for ``expected`` of them)."""
+    consumer = kafka_consumer(settings, topic, consumer_timeout_ms=2000)
+    records: list[Any] = []
+    deadline = time.monotonic() + READ_BACK_S
+    try:
+        while len(records) < expected and time.monotonic() < deadline:
+            for batch in consumer.poll(timeout_ms=1000).values():
+                records.extend(batch)
+        records.extend(r for batch in consumer.poll(timeout_ms=500).values() for r in batch)
+    finally:
+        consumer.close()
+    return records
+
+
+@pytest.fixture()
+def topic_settings(make_settings: Callable[..., Settings], topic: str) -> Settings:
+    return make_settings(kafka_topic_events=topic)
+
+
+def test_generate_into_topic(topic_settings: Settings, topic: str) -> None:
+    config = GeneratorConfig(seed=11, users=500, items=300, categories=12, bad_fraction=0.1, nominal_rate=100)
+    report = run_generate(topic_settings, config, count=3000, start_time="2024-06-01T12:00:00Z",
+                          console=Console(quiet=True))
+    assert report.sent == 3000 and report.failed == 0
+
+    expected = list(generate_records(config, start_ms=int(START.timestamp() * 1000), count=3000))
+    got = _read_all(topic_settings, topic, 3000)
+    assert len(got) == 3000
+    assert collections.Counter((r.key, r.value) for r in got) == collections.Counter(
+        (e.key, e.value) for e in expected
+    )
+    # Keys are user ids; a key decides the partition, so a user's events stay together.
+    partitions_of: dict[bytes, set[int]] = collections.defaultdict(set)
+    now = START + timedelta(hours=1)
+    labels = {(e.key, e.value): e.label for e in expected}
+    for record in got:
+        verdict = validate_event(record.value, now=now, key=record.key, check_key=record.key is not None)
+        label = labels[(record.key, record.value)]
+        if label in (None, DUPLICATE):
+            assert isinstance(verdict, Event) and record.key == verdict.user_id.encode()
+        else:
+            assert str(verdict) == label
+        if record.key is not None:
+            partitions_of[record.key].add(record.partition)
+    assert all(len(p) == 1 for p in partitions_of.values())
+    assert len({r.partition for r in got}) == topic_settings.kafka_topic_partitions
+    # Per partition, exactly the generated sequence (event-time order, duplicates where re-sent).
+    partition_of = {key: next(iter(p)) for key, p in partitions_of.items()}
+    for partition in range(topic_settings.kafka_topic_partitions):
+        sent = [(e.key, e.value) for e in expected if e.key is not None and partition_of[e.key] == partition]
+        read = [(r.key, r.value) for r in got if r.partition == partition and r.key is not None]
+        assert read == sent
+
+
+def test_replay_into_topic(topic_settings: Settings, topic: str) -> None:
+    report = run_replay(topic_settings, preset="online-retail", limit=4000, console=Console(quiet=True))
+    assert report.sent == 4000 and report.failed == 0 and report.details["rows read"] == 70_051
+
+    got = _read_all(topic_settings, topic, 4000)
+    assert len(got) == 4000
+    verdicts: collections.Counter[str] = collections.Counter()
+    for record in got:
+        doc_time = validate_event(record.value, now=datetime(2011, 2, 1, tzinfo=UTC))
+        if isinstance(doc_time, Event):
+            assert record.key == doc_time.user_id.encode()
+            verdicts["valid"] += 1
+        else:
+            verdicts[str(doc_time)] += 1
+    assert dict(verdicts) == {"valid": report.valid, **report.rejected}
+    assert report.rejected and set(report.rejected) == {"invalid_quantity:quantity"}
+
+
+def test_generate_unreachable_broker_is_one_line(make_settings: Callable[..., Settings]) -> None:
+    from tests.conftest import free_port
+
+    settings = make_settings(kafka_bootstrap_servers=f"127.0.0.1:{free_port()}")
+    with pytest.raises(UserError) as info:
+        run_generate(settings, GeneratorConfig(), count=10, console=Console(quiet=True))
+    assert "cannot reach Kafka at 127.0.0.1:" in str(info.value) and "\n" not in str(info.value)
