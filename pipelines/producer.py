@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import orjson
 from kafka.errors import KafkaError
-from kafka.partitioner.default import DefaultPartitioner
+from kafka.partitioner.default import DefaultPartitioner, murmur2
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -49,6 +49,7 @@ __all__ = [
     "ProduceReport",
     "RecordSink",
     "KafkaSink",
+    "ParallelKafkaSink",
     "FileSink",
     "DeliveryError",
     "open_sink",
@@ -189,6 +190,15 @@ class KafkaSink:
     def send_batch(self, records: Sequence[tuple[Any, ...]]) -> None:
         send, topic = self._producer.send, self.topic
         self._pending.append([send(topic, value=r[1], key=r[0]) for r in records])
+        self._check_pending()
+
+    def send_partitioned(self, records: Sequence[tuple[bytes | None, bytes, int]]) -> None:
+        """Send ``(key, value, partition)`` tuples to the given partitions."""
+        send, topic = self._producer.send, self.topic
+        self._pending.append([send(topic, value=r[1], key=r[0], partition=r[2]) for r in records])
+        self._check_pending()
+
+    def _check_pending(self) -> None:
         # Check older batches once they are likely acknowledged; keep the rest for later.
         while len(self._pending) > 8:
             left = self._check(self._pending.pop(0))
@@ -235,9 +245,132 @@ class FileSink:
         return 0, None
 
 
-def open_sink(settings: Settings, output: Path | None) -> RecordSink:
-    """A :class:`FileSink` when ``output`` is given, else a :class:`KafkaSink` on the events topic."""
-    return FileSink(output) if output is not None else KafkaSink(settings)
+def _producer_process(settings: Settings, topic: str, inbox: Any, results: Any) -> None:
+    """Body of one :class:`ParallelKafkaSink` worker: a KafkaSink fed through a queue."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us (after a flush) on Ctrl-C
+    try:
+        sink = KafkaSink(settings, topic)
+    except DeliveryError as exc:
+        results.put(("error", str(exc)))
+        return
+    results.put(("ready", None))
+    failed, first_error = 0, None
+    try:
+        while (batch := inbox.get()) is not None:
+            sink.send_partitioned(batch)
+    except Exception as exc:  # reported to the parent, which counts what was not confirmed
+        first_error = repr(exc)
+    finally:
+        failed, error = sink.close()
+        results.put(("done", (failed, first_error or error)))
+
+
+class ParallelKafkaSink:
+    """Several producer processes, each owning the partitions ``p % processes == i``.
+
+    kafka-python spends ~25 us of Python per record; one process (its GIL shared
+    with the generator) tops out well below what the broker takes. Records are
+    routed here by the Java client's partitioner (murmur2 of the key), so each
+    partition receives exactly what, and in the order, a single producer would
+    send; keyless records go round-robin. Workers report delivery failures at
+    :meth:`close`.
+    """
+
+    QUEUE_DEPTH = 16
+
+    def __init__(self, settings: Settings, processes: int, topic: str | None = None) -> None:
+        import multiprocessing
+
+        self.topic = topic or settings.kafka_topic_events
+        self.description = (
+            f"Kafka topic {self.topic} at {settings.kafka_bootstrap_servers} ({processes} producer processes)"
+        )
+        probe = KafkaSink(settings, self.topic)  # fails fast, with the usual message, on a bad broker/topic
+        self._partitions = len(probe._producer.partitions_for(self.topic))
+        probe.close()
+        ctx = multiprocessing.get_context("spawn")
+        self._results = ctx.Queue()
+        self._inboxes = [ctx.Queue(maxsize=self.QUEUE_DEPTH) for _ in range(processes)]
+        self._workers = [
+            ctx.Process(target=_producer_process, args=(settings, self.topic, inbox, self._results),
+                        name=f"shopstream-producer-{i}", daemon=True)
+            for i, inbox in enumerate(self._inboxes)
+        ]
+        for worker in self._workers:
+            worker.start()
+        for _ in self._workers:
+            status, detail = self._results.get(timeout=120)
+            if status == "error":
+                self._stop()
+                raise DeliveryError(detail)
+        self._cache: dict[bytes, int] = {}
+        self._round_robin = 0
+
+    def _partition(self, key: bytes | None) -> int:
+        if key is None:
+            self._round_robin += 1
+            return self._round_robin % self._partitions
+        partition = self._cache.get(key)
+        if partition is None:
+            partition = (murmur2(key) & 0x7FFFFFFF) % self._partitions
+            self._cache[key] = partition
+        return partition
+
+    def send_batch(self, records: Sequence[tuple[Any, ...]]) -> None:
+        n = len(self._workers)
+        buckets: list[list[tuple[bytes | None, bytes, int]]] = [[] for _ in range(n)]
+        part = self._partition
+        for record in records:
+            p = part(record[0])
+            buckets[p % n].append((record[0], record[1], p))
+        for worker, inbox, bucket in zip(self._workers, self._inboxes, buckets, strict=True):
+            if bucket:
+                self._put(worker, inbox, bucket)
+
+    @staticmethod
+    def _put(worker: Any, inbox: Any, item: Any) -> None:
+        import queue
+
+        while True:
+            try:
+                inbox.put(item, timeout=1.0)
+                return
+            except queue.Full:
+                if not worker.is_alive():
+                    raise DeliveryError(f"{worker.name} exited (code {worker.exitcode})") from None
+
+    def close(self) -> tuple[int, str | None]:
+        failed, first_error = 0, None
+        for worker, inbox in zip(self._workers, self._inboxes, strict=True):
+            if worker.is_alive():
+                self._put(worker, inbox, None)
+        for _ in self._workers:
+            status, detail = self._results.get(timeout=300)
+            if status == "done":
+                failed += detail[0]
+                first_error = first_error or detail[1]
+        self._stop()
+        return failed, first_error
+
+    def _stop(self) -> None:
+        for worker in self._workers:
+            worker.join(timeout=10)
+            if worker.is_alive():
+                worker.terminate()
+
+
+def open_sink(settings: Settings, output: Path | None, *, processes: int = 1) -> RecordSink:
+    """A :class:`FileSink` when ``output`` is given, else Kafka on the events topic.
+
+    ``processes > 1`` sends through a :class:`ParallelKafkaSink` (for bulk loads).
+    """
+    if output is not None:
+        return FileSink(output)
+    if processes > 1:
+        return ParallelKafkaSink(settings, processes)
+    return KafkaSink(settings)
 
 
 def read_records(path: Path) -> Iterator[tuple[bytes | None, bytes]]:

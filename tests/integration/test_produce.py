@@ -106,3 +106,26 @@ def test_generate_unreachable_broker_is_one_line(make_settings: Callable[..., Se
     with pytest.raises(UserError) as info:
         run_generate(settings, GeneratorConfig(), count=10, console=Console(quiet=True))
     assert "cannot reach Kafka at 127.0.0.1:" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_parallel_sink_partitions_like_one_producer(topic_settings: Settings, topic: str) -> None:
+    """Bulk loads use several processes; each partition must still get one producer's sequence."""
+    from kafka.partitioner.default import murmur2
+
+    from pipelines.producer import ParallelKafkaSink, ProduceReport, produce
+
+    config = GeneratorConfig(seed=12, users=300, items=200, categories=8, bad_fraction=0.05, nominal_rate=100)
+    expected = list(generate_records(config, start_ms=int(START.timestamp() * 1000), count=4000))
+    sink = ParallelKafkaSink(topic_settings, processes=2)
+    report = produce(iter(expected), sink, ProduceReport(target=sink.description), console=Console(quiet=True))
+    assert report.sent == 4000 and report.failed == 0
+
+    got = _read_all(topic_settings, topic, 4000)
+    assert len(got) == 4000
+    n = topic_settings.kafka_topic_partitions
+    for partition in range(n):
+        sent = [(e.key, e.value) for e in expected
+                if e.key is not None and (murmur2(e.key) & 0x7FFFFFFF) % n == partition]
+        read = [(r.key, r.value) for r in got if r.partition == partition and r.key is not None]
+        assert read == sent
+    assert sum(1 for r in got if r.key is None) == sum(1 for e in expected if e.key is None)
