@@ -162,13 +162,14 @@ TOP_ITEM_COLUMNS: tuple[str, ...] = (
     "score",
     "rank",
     "event_timestamp",
+    "created",
 )
 """Columns of :func:`finalize_top_items`.
 
 ``kind`` is ``top`` (score = units) or ``trend`` (score = trending score);
 ``window`` ``1h``/``24h``; ``category_id`` / ``region`` name the scope (null =
 all), so the writer builds the key with :func:`features.online_keys.scope_for`;
-``rank`` 1..N; ``event_timestamp`` the as-of time.
+``rank`` 1..N; ``event_timestamp`` the as-of time, ``created`` the computation time.
 """
 
 AsOf = datetime | Column | str
@@ -359,6 +360,7 @@ def finalize_top_items(
     *,
     slide_seconds: int,
     top_n: int,
+    created: datetime | None = None,
 ) -> DataFrame:
     """Top sellers and trending items per window and scope as of ``T``.
 
@@ -372,6 +374,8 @@ def finalize_top_items(
         The tile size the tiles were built with.
     top_n
         How many items each (kind, window, scope) keeps (``feature_top_n``).
+    created
+        Value of the ``created`` column (default: the current timestamp).
 
     Returns
     -------
@@ -444,6 +448,7 @@ def finalize_top_items(
             "kind", "window", "category_id", "region", "item_id", "score",
             F.col("rank").cast("int").alias("rank"),
             F.col(_AS_OF).alias("event_timestamp"),
+            _created_col(created).alias("created"),
         )
     )
 
@@ -564,5 +569,6 @@ def features_over_time(
     items = finalize_item_features(
         both(item_tiles), _AS_OF, slide_seconds=slide_seconds, created=created
     )
-    top = finalize_top_items(both(sales_tiles), _AS_OF, slide_seconds=slide_seconds, top_n=top_n)
+    top = finalize_top_items(both(sales_tiles), _AS_OF, slide_seconds=slide_seconds, top_n=top_n,
+                             created=created)
     return FeatureFrames(users, items, top)

@@ -93,6 +93,22 @@ def _epoch_ms(ts: datetime) -> int:
     return int(ts.timestamp() * 1000)
 
 
+def _local_python_workers(df: DataFrame) -> None:
+    """In local mode, make Spark's Python workers run this interpreter (the venv).
+
+    PySpark starts workers with ``$PYSPARK_PYTHON`` or ``python3`` from PATH, which
+    need not have redis / protobuf installed. ``pipelines.spark.spark_session``
+    should pin it; until it does, local runs are fixed here. Clusters configure
+    their executors' Python themselves.
+    """
+    import sys
+
+    sc = df.sparkSession.sparkContext
+    if sc.master.startswith("local") and getattr(sc, "pythonExec", sys.executable) != sys.executable:
+        logger.debug("Python workers: %s -> %s", sc.pythonExec, sys.executable)
+        sc.pythonExec = sys.executable
+
+
 # ------------------------------------------------------------ entity features
 def write_entity_rows(
     client: redis.Redis,
@@ -200,6 +216,7 @@ def write_entity_features(
     rows: DataFrame, settings: Settings, spec: ViewSpec, *, skip_older: bool = True
 ) -> None:
     """Write a DataFrame of feature rows, one pipelined writer per partition."""
+    _local_python_workers(rows)
     rows.select(spec.join_key, *spec.feature_names, "event_timestamp").foreachPartition(
         entity_partition_writer(settings, spec, skip_older=skip_older)
     )
@@ -383,4 +400,5 @@ def item_metadata_partition_writer(
 
 def write_item_metadata_df(metadata: DataFrame, settings: Settings) -> None:
     """Write :func:`features.tiles.item_metadata` rows, one pipelined writer per partition."""
+    _local_python_workers(metadata)
     metadata.foreachPartition(item_metadata_partition_writer(settings))

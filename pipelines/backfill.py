@@ -1,0 +1,383 @@
+"""Batch backfill: events -> feature snapshots at a series of as-of times (+ Redis).
+
+Usage::
+
+    shopstream backfill --since 2010-12-01T00:00 --until 2011-01-31T00:00 --every 60
+    shopstream backfill --source replay.jsonl            # a replay / generator file
+    spark-submit -m pipelines.cli backfill ...           # same job on a cluster
+
+The job is read -> transform -> write:
+
+1. **Read** validated events for ``[since - 24h, until]``, either from the
+   offline store (:func:`pipelines.offline_store.read_events`, pruned to the
+   days in range) or from a replay file (JSON lines of raw records, as written
+   by ``shopstream generate/replay --output``; or CSV / Parquet with the
+   contract's field names) pushed through the contract
+   (:func:`features.validation.validate_events`): rejected rows go to the
+   quarantine with their reason, as in the stream. Events are deduplicated by
+   ``event_id``.
+2. **Transform** with :func:`features.windows.features_over_time`: the same tile
+   and finalize functions as the stream, at ``T_j = since + j * step`` for every
+   ``T_j <= until``. Batch has no arrival order, so "late" does not exist here:
+   every event counts in every window it falls in.
+3. **Write** the snapshots (``user_activity``, ``item_stats``, ``top_items``) to
+   the offline store (:func:`pipelines.offline_store.write_snapshots`), all rows
+   of one run with one ``created`` value; optionally **materialize** the values
+   as of the last ``T_j`` into Redis (entity features in Feast's layout, top
+   sellers / trending lists, item metadata) through
+   :mod:`pipelines.online_writer`, after ``feast apply``; and record a lineage
+   manifest (:mod:`pipelines.lineage`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from features.events import FIELDS, VALID_COLUMNS
+from features.feast_layout import ITEM_STATS, USER_ACTIVITY
+from features.windows import LONG_WINDOW, WINDOW_SECONDS, FeatureFrames, features_over_time
+from pipelines import lineage, offline_store
+from pipelines.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = [
+    "SourceFormat",
+    "BackfillResult",
+    "read_replay_file",
+    "raw_records",
+    "as_of_series",
+    "run_backfill",
+]
+
+logger = logging.getLogger(__name__)
+
+SourceFormat = Literal["jsonl", "csv", "parquet"]
+_SUFFIXES: dict[str, SourceFormat] = {
+    ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
+    ".csv": "csv", ".parquet": "parquet", ".pq": "parquet",
+}
+_NUMBER = r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?$"
+
+
+@dataclass
+class BackfillResult:
+    """What a backfill did; also recorded in its lineage manifest."""
+
+    run_id: str
+    since: datetime
+    until: datetime
+    step_seconds: int
+    as_of_count: int
+    rows: dict[str, int] = field(default_factory=dict)
+    online: dict[str, int] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
+    manifest_path: str = ""
+    seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _format_of(path: str, fmt: SourceFormat | None) -> SourceFormat:
+    if fmt is not None:
+        return fmt
+    suffix = Path(path.rstrip("/")).suffix.lower()
+    if suffix in _SUFFIXES:
+        return _SUFFIXES[suffix]
+    raise ValueError(f"cannot tell the format of {path!r}; pass jsonl, csv or parquet")
+
+
+def _json_piece(name: str, column: Any, numeric: bool) -> Any:
+    """``"name":value`` for one field, or null when the field is absent (then it is omitted)."""
+    from pyspark.sql import functions as F
+
+    quoted = F.regexp_replace(F.to_json(F.struct(column.cast("string").alias(name))), r"^\{|\}$", "")
+    if not numeric:
+        return F.when(column.isNotNull(), quoted)
+    text = F.trim(column.cast("string"))
+    return F.when(column.isNull(), F.lit(None)).when(
+        text.rlike(_NUMBER), F.concat(F.lit(f'"{name}":'), text)
+    ).otherwise(quoted)
+
+
+def raw_records(table: DataFrame) -> DataFrame:
+    """A table whose columns are contract field names -> one raw JSON record per row (``value``).
+
+    Numbers stay numbers when their text is a JSON number (so a CSV's ``"2.5"``
+    is the number 2.5, and ``"abc"`` in ``price`` stays a string that the contract
+    rejects as ``wrong_type``); empty cells and nulls are absent fields; columns
+    that are not contract fields are ignored.
+    """
+    from pyspark.sql import functions as F
+
+    pieces = []
+    for spec in FIELDS:
+        if spec.name not in table.columns:
+            continue
+        column = F.col(spec.name)
+        if dict(table.dtypes)[spec.name] == "string":
+            column = F.when(F.length(column) > 0, column)
+        if dict(table.dtypes)[spec.name].startswith("timestamp"):
+            column = F.date_format(column, "yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'")
+        numeric = spec.kind in ("price", "quantity") or (
+            spec.kind == "timestamp" and dict(table.dtypes)[spec.name] in ("bigint", "int", "double")
+        )
+        pieces.append(_json_piece(spec.name, column, numeric))
+    return table.select(F.concat(F.lit("{"), F.concat_ws(",", *pieces), F.lit("}")).alias("value"))
+
+
+def read_replay_file(spark: SparkSession, path: str, fmt: SourceFormat | None = None) -> DataFrame:
+    """Raw records (column ``value``) from a replay file, ready for ``validate_events``.
+
+    ``jsonl``: one raw JSON record per line, exactly as it would travel on the
+    topic (the format of ``shopstream generate/replay --output``). ``csv`` (with a
+    header) and ``parquet``: columns named like the contract's fields, turned
+    into records by :func:`raw_records`.
+    """
+    fmt = _format_of(path, fmt)
+    if fmt == "jsonl":
+        return spark.read.text(path).select("value")
+    if fmt == "csv":
+        table = spark.read.option("header", True).option("inferSchema", False).csv(path)
+    else:
+        table = spark.read.parquet(path)
+    return raw_records(table)
+
+
+def _floor(ts: datetime, step: int) -> datetime:
+    epoch = int(ts.timestamp())
+    return datetime.fromtimestamp(epoch - epoch % step, tz=UTC)
+
+
+def _ceil(ts: datetime, step: int) -> datetime:
+    floored = _floor(ts, step)
+    return floored if floored == ts else floored + timedelta(seconds=step)
+
+
+def as_of_series(since: datetime, until: datetime, step_seconds: int) -> tuple[datetime, int]:
+    """``(start, count)`` of ``T_j = since + j * step <= until``."""
+    if until < since:
+        raise ValueError(f"--until ({until}) is before --since ({since})")
+    count = int((until - since).total_seconds() // step_seconds) + 1
+    return since, count
+
+
+def _utc(ts: datetime | None) -> datetime | None:
+    if ts is None:
+        return None
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+
+
+def _read(
+    spark: SparkSession, settings: Settings, source: str | None, fmt: SourceFormat | None,
+    since: datetime | None, until: datetime | None, manifest: lineage.Manifest,
+) -> tuple[DataFrame, dict[str, int]]:
+    """Validated, deduplicated events (``VALID_COLUMNS``) and row counts."""
+    from pyspark.sql import functions as F
+
+    from features.validation import validate_events, with_verdict
+
+    read_from = since - timedelta(seconds=WINDOW_SECONDS[LONG_WINDOW]) if since else None
+    counts: dict[str, int] = {}
+    if source is None:
+        events = offline_store.read_events(spark, settings, read_from, until)
+        files = events.inputFiles()
+        manifest.inputs.update(source="offline_store", path=offline_store.events_path(settings),
+                               format="parquet")
+    else:
+        fmt = _format_of(source, fmt)
+        raw = read_replay_file(spark, source, fmt)
+        files = raw.inputFiles()
+        # Validate once: persist the verdicts; validate_events(raw, same now) then reads
+        # them from the cache (Spark matches the identical plan) instead of re-validating.
+        for name, typ in (("key", "binary"), ("topic", "string"), ("partition", "int"),
+                          ("offset", "bigint"), ("timestamp", "timestamp")):
+            raw = raw.withColumn(name, F.lit(None).cast(typ))
+        now = datetime.now(UTC)
+        checked = with_verdict(raw, now=now).persist()
+        verdicts = {r["reason"]: r["n"] for r in
+                    checked.groupBy("reason").agg(F.count(F.lit(1)).alias("n")).collect()}
+        counts["read"] = sum(verdicts.values())
+        counts["quarantined"] = counts["read"] - verdicts.get(None, 0)
+        valid, quarantine = validate_events(raw, now=now)
+        if counts["quarantined"]:
+            offline_store.write_quarantine(quarantine, settings)
+            manifest.inputs["quarantine_reasons"] = {
+                k: v for k, v in sorted(verdicts.items()) if k is not None}
+        events = valid.select(*VALID_COLUMNS)
+        if read_from is not None:
+            events = events.where(F.col("event_time") >= F.lit(read_from))
+        if until is not None:
+            events = events.where(F.col("event_time") <= F.lit(until))
+        manifest.inputs.update(source="file", path=source, format=fmt)
+    manifest.inputs["files"] = [vars(f) for f in lineage.file_fingerprints(files)]
+
+    events = events.persist()
+    total = events.count()
+    events_unique = events.dropDuplicates(["event_id"]).persist()
+    counts["in_range"] = total
+    counts["used"], digest = lineage.dataframe_digest(events_unique, VALID_COLUMNS)
+    counts["duplicates"] = total - counts["used"]
+    events.unpersist()
+    if source is not None:
+        checked.unpersist()
+    manifest.inputs["digest"] = digest
+    return events_unique, counts
+
+
+def run_backfill(
+    settings: Settings,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    step_seconds: int | None = None,
+    source: str | Path | None = None,
+    source_format: SourceFormat | None = None,
+    materialize: bool = True,
+    spark: SparkSession | None = None,
+) -> BackfillResult:
+    """Run one backfill; see the module docstring.
+
+    Parameters
+    ----------
+    settings
+        Paths, Redis, the slide, top N, last-items N, and the default step.
+    since, until
+        The as-of range (UTC; naive means UTC). Default: the events' first and last
+        times, rounded out to the step.
+    step_seconds
+        Snapshot cadence (default ``settings.backfill_step_seconds``).
+    source, source_format
+        A replay file instead of the offline store.
+    materialize
+        Also write the values as of the last as-of time to Redis.
+    spark
+        A session (default: :func:`pipelines.spark.spark_session` without Kafka jars).
+
+    Returns
+    -------
+    BackfillResult
+    """
+    from pyspark.sql import functions as F
+
+    from pipelines.spark import spark_session
+
+    started = time.monotonic()
+    started_at = datetime.now(UTC)
+    created = started_at.replace(microsecond=0)
+    run_id = lineage.new_run_id(started_at)
+    step = int(step_seconds or settings.backfill_step_seconds)
+    since, until = _utc(since), _utc(until)
+    spark = spark or spark_session(settings, app_name="shopstream-backfill", kafka=False)
+    offline_store.configure_parquet(spark)
+    manifest = lineage.Manifest(kind="backfill", run_id=run_id, started_at=lineage.iso(started_at))
+
+    # --- read: validated, deduplicated events -------------------------------
+    source_text = str(source) if source is not None else None
+    events, counts = _read(spark, settings, source_text, source_format, since, until, manifest)
+    timings = {"read": round(time.monotonic() - started, 3)}
+    if since is None or until is None:
+        bounds = events.agg(F.min("event_time"), F.max("event_time")).first()
+        if bounds[0] is None:
+            raise ValueError("no events to backfill (empty source or range)")
+        since = since or _floor(_utc(bounds[0]), step)  # type: ignore[arg-type]
+        until = until or _ceil(_utc(bounds[1]), step)  # type: ignore[arg-type]
+    start, count = as_of_series(since, until, step)
+    last_as_of = start + timedelta(seconds=step * (count - 1))
+    manifest.inputs["time_range"] = {
+        "since": lineage.iso(since - timedelta(seconds=WINDOW_SECONDS[LONG_WINDOW])),
+        "until": lineage.iso(until),
+    }
+    manifest.inputs["rows"] = counts
+    manifest.parameters = {
+        "since": lineage.iso(since), "until": lineage.iso(until), "step_seconds": step,
+        "as_of_count": count, "last_as_of": lineage.iso(last_as_of),
+        "slide_seconds": settings.feature_slide_seconds, "top_n": settings.feature_top_n,
+        "last_items_n": settings.feature_last_items_n, "materialize": materialize,
+    }
+    logger.info("backfill %s: %d events, %d as-of times %s .. %s every %ds",
+                run_id, counts["used"], count, since, last_as_of, step)
+
+    # --- transform: the shared tile + finalize functions --------------------
+    frames = features_over_time(
+        events, start=start, step_seconds=step, count=count,
+        slide_seconds=settings.feature_slide_seconds,
+        last_items_n=settings.feature_last_items_n, top_n=settings.feature_top_n,
+        created=created,
+    )
+
+    # --- write: snapshots, then the online store, then the manifest ---------
+    result = BackfillResult(run_id, since, until, step, count, timings=timings)
+    for name, rows in (("user_activity", frames.users), ("item_stats", frames.items),
+                       ("top_items", frames.top_items)):
+        path = offline_store.write_snapshots(rows, settings, name)
+        written = (spark.read.parquet(path)
+                   .where(F.col("created") == F.lit(created))
+                   .where(F.col("event_date").between(f"{start:%Y-%m-%d}", f"{last_as_of:%Y-%m-%d}"))
+                   .count())
+        result.rows[name] = written
+        result.outputs[name] = path
+        manifest.outputs[name] = {
+            "path": path, "rows": written, "created": lineage.iso(created),
+            "as_of": [lineage.iso(start), lineage.iso(last_as_of)],
+        }
+        timings[name] = round(time.monotonic() - started - sum(timings.values()), 3)
+    if materialize:
+        result.online = materialize_latest(settings, events, last_as_of, step)
+        manifest.online = dict(result.online)
+        timings["materialize"] = round(time.monotonic() - started - sum(timings.values()), 3)
+    result.rows.update({f"events_{k}": v for k, v in counts.items()})
+    events.unpersist()
+
+    result.seconds = round(time.monotonic() - started, 3)
+    manifest.finished_at = lineage.iso(datetime.now(UTC))
+    manifest.parameters["seconds"] = result.seconds
+    manifest.parameters["timings"] = timings
+    result.manifest_path = lineage.write_manifest(settings, manifest)
+    logger.info("backfill %s done in %.1fs: %s", run_id, result.seconds, result.rows)
+    return result
+
+
+def latest_frames(settings: Settings, events: DataFrame, as_of: datetime, step_seconds: int) -> FeatureFrames:
+    """Feature rows as of one time (what gets materialized), by the same code path."""
+    return features_over_time(
+        events, start=as_of, step_seconds=step_seconds, count=1,
+        slide_seconds=settings.feature_slide_seconds,
+        last_items_n=settings.feature_last_items_n, top_n=settings.feature_top_n,
+    )
+
+
+def materialize_latest(
+    settings: Settings, events: DataFrame, as_of: datetime, step_seconds: int
+) -> dict[str, int]:
+    """Write the values as of ``as_of`` to Redis: entity features, top lists, item metadata."""
+    from pyspark.sql import functions as F
+
+    from features.tiles import item_metadata
+    from pipelines.feast_store import feature_store
+    from pipelines.online_writer import (
+        write_entity_features,
+        write_item_metadata_df,
+        write_top_items_df,
+    )
+
+    feature_store(settings, apply=True)  # registry in place for get_online_features readers
+    frames = latest_frames(settings, events, as_of, step_seconds)
+    users = frames.users.persist()
+    items = frames.items.persist()
+    counts = {"user_activity": users.count(), "item_stats": items.count()}
+    write_entity_features(users, settings, USER_ACTIVITY)
+    write_entity_features(items, settings, ITEM_STATS)
+    users.unpersist()
+    items.unpersist()
+    counts["top_lists"] = write_top_items_df(frames.top_items, settings, prune=True)
+    metadata = item_metadata(events.where(F.col("event_time") <= F.lit(as_of))).persist()
+    counts["item_metadata"] = metadata.count()
+    write_item_metadata_df(metadata, settings)
+    metadata.unpersist()
+    return counts
