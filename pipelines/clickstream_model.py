@@ -291,28 +291,24 @@ class Store:
 
 
 class ClickstreamModel:
-    """The record stream for one run: ``iter(model)`` yields :class:`Record` forever.
+    """The record stream of one run: ``model.records(start_ms)`` yields :class:`Record` forever.
+
+    Building the model draws the store and the sessions already under way
+    (the costly part); :meth:`records` then fixes the start time and the ids.
 
     Parameters
     ----------
     config
         Store size, seed, bad fraction.
-    start_ms
-        Event time of the first event (epoch millis, UTC).
     rate
         Simulated events per second (default ``config.nominal_rate``).
     """
 
-    def __init__(self, config: GeneratorConfig, start_ms: int, rate: float | None = None) -> None:
+    def __init__(self, config: GeneratorConfig, rate: float | None = None) -> None:
         self.config = config
-        self.start_ms = int(start_ms)
         self.rate = float(rate or config.nominal_rate)
         self.store = Store(config.users, config.items, config.categories)
         self.open_sessions = int(min(MAX_OPEN_SESSIONS, max(1, round(self.rate * MEAN_THINK_SECONDS))))
-        tag = f"{config.seed}:{self.start_ms}:{config.users}:{config.items}:{config.categories}"
-        # Ids are unique per (seed, start, store): re-running the same command re-sends the
-        # same ids (idempotent), a run starting at another time gets new ones.
-        self.run_tag = hashlib.blake2b(tag.encode(), digest_size=6).hexdigest()
         self._session_rng = np.random.default_rng([config.seed, 1])
         self._stream_rng = np.random.default_rng([config.seed, 2])
         self._mutation_rng = random.Random(config.seed * 1_000_003 + 3)
@@ -320,6 +316,10 @@ class ClickstreamModel:
         self._quantities = np.array([q for q, _ in QUANTITIES])
         self._quantity_cum = _cumulative(np.array([w for _, w in QUANTITIES]))
         self._user_region = [self.store.region_names[r] for r in self.store.user_region.tolist()]
+        self.run_tag = ""
+        # Drawn now, so that a paced run's clock starts after this (it takes a moment).
+        self._warm = self._sessions_in_progress(self.open_sessions)
+        self._started = False
 
     # ----------------------------------------------------------- sessions
     def _draw_sessions(self, n: int) -> list[tuple[int, int, list[tuple[int, int, int]]]]:
@@ -382,7 +382,7 @@ class ClickstreamModel:
     def _new_sessions(self, n: int) -> list[tuple[str, int, list[tuple[int, int, int]]]]:
         return self._open(self._draw_sessions(n))
 
-    def _sessions_in_progress(self, k: int) -> list[tuple[str, int, list[tuple[int, int, int]]]]:
+    def _sessions_in_progress(self, k: int) -> list[tuple[int, int, list[tuple[int, int, int]]]]:
         """The ``k`` sessions open when the stream starts, as in the steady state.
 
         A slot holds a session for as many events as it has, so open sessions
@@ -393,7 +393,7 @@ class ClickstreamModel:
         ``1..k`` of the run (see :attr:`sessions_in_progress`).
         """
         rng = self._session_rng
-        candidates = self._draw_sessions(3 * k)
+        candidates = self._draw_sessions(2 * k)
         lengths = np.array([len(events) for _, _, events in candidates], dtype=float)
         # Weighted sampling without replacement (Efraimidis-Spirakis): the k largest log(u)/w.
         keys = np.log(rng.random(len(candidates))) / lengths
@@ -403,7 +403,7 @@ class ClickstreamModel:
         for idx, skip in zip(chosen.tolist(), skips, strict=True):
             user, device, events = candidates[idx]
             drawn.append((user, device, events[skip:]))
-        return self._open(drawn)
+        return drawn
 
     @property
     def sessions_in_progress(self) -> int:
@@ -411,13 +411,22 @@ class ClickstreamModel:
         return self.open_sessions
 
     # ------------------------------------------------------------- stream
-    def __iter__(self) -> Iterator[Record]:
-        return self._records()
+    def records(self, start_ms: int) -> Iterator[Record]:
+        """The run's records from ``start_ms`` (epoch millis, UTC), forever; a model runs once."""
+        if self._started:
+            raise RuntimeError("a ClickstreamModel yields one run; make a new one")
+        self._started = True
+        tag = f"{self.config.seed}:{int(start_ms)}:{self.config.users}:{self.config.items}:{self.config.categories}"
+        # Ids are unique per (seed, start, store): re-running the same command re-sends the
+        # same ids (idempotent), a run starting at another time gets new ones.
+        self.run_tag = hashlib.blake2b(tag.encode(), digest_size=6).hexdigest()
+        return self._records(int(start_ms))
 
-    def _records(self) -> Iterator[Record]:
+    def _records(self, start_ms: int) -> Iterator[Record]:
         rng, mrng = self._stream_rng, self._mutation_rng
         k = self.open_sessions
-        slots = self._sessions_in_progress(k)
+        slots = self._open(self._warm)
+        self._warm = []
         queue: list[tuple[str, int, list[tuple[int, int, int]]]] = []
         user_keys = self.store.user_keys
         item_fragments = [
@@ -441,7 +450,7 @@ class ClickstreamModel:
         while True:
             gaps = rng.exponential(mean_gap, _BLOCK)
             # Each event waits its gap after the previous one; the first is at the start.
-            times = (self.start_ms + np.floor(clock + np.cumsum(gaps) - gaps)).astype(np.int64).tolist()
+            times = (start_ms + np.floor(clock + np.cumsum(gaps) - gaps)).astype(np.int64).tolist()
             clock += float(gaps.sum())
             picks = rng.integers(0, k, _BLOCK).tolist()
             bad = (rng.random(_BLOCK) < bad_fraction).tolist() if bad_fraction > 0 else None

@@ -94,7 +94,11 @@ def generate_records(
         Stop after ``count`` records and/or when event time reaches
         ``start_ms + duration`` seconds.
     """
-    records: Iterator[Record] = iter(ClickstreamModel(config, start_ms, rate))
+    return _bounded(ClickstreamModel(config, rate).records(start_ms), start_ms, count, duration)
+
+
+def _bounded(records: Iterator[Record], start_ms: int, count: int | None,
+             duration: float | None) -> Iterator[Record]:
     if duration is not None:
         end_ms = start_ms + duration * 1000.0
         records = itertools.takewhile(lambda r: r.time_ms < end_ms, records)
@@ -144,8 +148,9 @@ def run_generate(
         count / nominal if count is not None else float("inf"),
         duration if duration is not None else float("inf"),
     )
+    model = ClickstreamModel(config, nominal)  # before the clock starts: this takes a moment
     start_ms = _start_ms(start_time, paced=rate is not None, span_s=span_s)
-    records = generate_records(config, start_ms=start_ms, rate=nominal, count=count, duration=duration)
+    records = _bounded(model.records(start_ms), start_ms, count, duration)
     last_ms = [start_ms]
 
     def tracked() -> Iterator[Record]:
@@ -164,7 +169,9 @@ def run_generate(
     )
     report = ProduceReport(target=sink.description, details={"mode": mode, "seed": config.seed})
     log.info("generating into %s, %s", sink.description, mode)
-    produce(tracked(), sink, report, pace=1.0 if rate else None, total=count, description="generate")
+    # Paced from "now": each record leaves when the wall clock reaches its event time.
+    produce(tracked(), sink, report, pace=1.0 if rate else None, wall_clock=start_time is None,
+            total=count, description="generate")
     report.details["event time"] = f"{format_millis(start_ms)} .. {format_millis(last_ms[0])}"
     render_summary(report, console or Console(), title="shopstream generate",
                    bad_heading="bad (intended rejection), by reason")

@@ -431,6 +431,7 @@ def produce(
     report: ProduceReport,
     *,
     pace: float | None = None,
+    wall_clock: bool = False,
     total: int | None = None,
     console: Console | None = None,
     description: str = "sending",
@@ -450,13 +451,17 @@ def produce(
         ``None``: as fast as possible. Else a time compression factor: a record
         leaves ``(time_ms - first time_ms) / pace`` ms after the first (1.0 =
         real time).
+    wall_clock
+        With ``pace``: a record is due when the wall clock reaches its
+        ``time_ms`` (times are "now"-based: event time then equals send time,
+        which freshness measurements rely on), instead of relative to the first.
     total
         Expected number of records, for the progress bar.
     """
     console = console or Console(stderr=True)
     labels = report.labels
     buffer: list[tuple[bytes | None, bytes, str | None, int]] = []
-    start = time.monotonic()
+    start = anchor = time.monotonic()
     first_ms: int | None = None
 
     def flush(progress: _Progress) -> None:
@@ -472,8 +477,13 @@ def produce(
             for record in records:
                 if pace is not None:
                     if first_ms is None:
+                        # The monotonic instant of the first record's time: now, or (wall clock)
+                        # when the wall clock shows it.
                         first_ms = record[3]
-                    due = start + (record[3] - first_ms) / 1000.0 / pace
+                        anchor = time.monotonic()
+                        if wall_clock:
+                            anchor += first_ms / 1000.0 - time.time()
+                    due = anchor + (record[3] - first_ms) / 1000.0 / pace
                     now = time.monotonic()
                     if due > now + PACE_SLACK_S:
                         if buffer:

@@ -87,7 +87,7 @@ def test_generate_users_prefer_a_few_categories(clean: list[dict[str, object]]) 
 
 
 def test_generate_sessions_go_view_cart_purchase(clean: list[dict[str, object]]) -> None:
-    in_progress = ClickstreamModel(GeneratorConfig(seed=7, **SMALL_STORE), START_MS).sessions_in_progress
+    in_progress = ClickstreamModel(GeneratorConfig(seed=7, **SMALL_STORE)).sessions_in_progress
     sessions: dict[str, list[dict[str, object]]] = collections.defaultdict(list)
     for event in clean:
         sessions[str(event["session_id"])].append(event)
