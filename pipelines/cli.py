@@ -277,12 +277,14 @@ def _print_train_report(settings: Settings, report: object, link: str) -> None:
     from training.metrics import metric_key, parse_metric
 
     _, k = parse_metric(settings.train_gate_metric)
-    table = Table(title=f"Test metrics at k={k} ({report.split.kind} split, {int(report.split.stats()['eval_users'])} users)")  # type: ignore[attr-defined]
+    table = Table(title=f"Test metrics @{k} ({report.split.kind} split, "  # type: ignore[attr-defined]
+                        f"{int(report.split.stats()['eval_users'])} users)")  # type: ignore[attr-defined]
     cols = ["ndcg", "precision", "recall", "map", "hit_rate", "coverage"]
-    table.add_column("model")
+    short = {"precision": "prec", "hit_rate": "hit", "coverage": "cover"}
+    table.add_column("model", no_wrap=True)
     for c in cols:
-        table.add_column(f"{c}@{k}", justify="right")
-    table.add_column(f"validation ndcg@{k}", justify="right")
+        table.add_column(short.get(c, c), justify="right")
+    table.add_column("val ndcg", justify="right")
     table.add_column("fit s", justify="right")
     frame = report.table  # type: ignore[attr-defined]
     for kind, row in frame.iterrows():
@@ -358,7 +360,7 @@ def train_score(
         champion = alias_version(MlflowClient(), settings.model_name, CHAMPION)
         if champion is None:
             raise UserError(f"{settings.model_name} has no champion yet: run `shopstream train` first")
-        version = champion.version
+        version = str(champion.version)
     stats = publish_version(settings, version)
     out.print(f"version {version} live in Redis: {stats.users} users, {stats.items} items, "
               f"{stats.keys} keys in {stats.seconds:.1f}s")

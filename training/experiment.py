@@ -269,11 +269,11 @@ def run_training(
               "fitted_until": best.model.fitted_at},
         description=f"{best.kind} from run {run.info.run_id}",
     )
-    report.version = version.version
+    report.version = str(version.version)
     champion = alias_version(client, settings.model_name, CHAMPION)
     champion_value: float | None = None
-    if champion is not None and champion.version != version.version:
-        champion_model = load_version(settings, champion.version)
+    if champion is not None and str(champion.version) != report.version:
+        champion_model = load_version(settings, str(champion.version))
         champion_value = evaluate_external(champion_model, split, [parse_metric(settings.train_gate_metric)[1]])[gate_key]
         mlflow.log_metric(f"champion/{gate_key}", champion_value)
         fitted = pd.Timestamp(champion_model.fitted_at) if champion_model.fitted_at else None
@@ -284,15 +284,15 @@ def run_training(
                              settings.train_promotion_margin)
     report.decision = decision
     for key, value in decision.tags().items():
-        client.set_model_version_tag(settings.model_name, version.version, key, value)
-    mlflow.set_tags({"registered_version": version.version, "gate.decision": decision.tags()["gate.decision"]})
-    _log.info("version %s: %s (%s)", version.version, decision.tags()["gate.decision"], decision.reason)
+        client.set_model_version_tag(settings.model_name, report.version, key, value)
+    mlflow.set_tags({"registered_version": report.version, "gate.decision": decision.tags()["gate.decision"]})
+    _log.info("version %s: %s (%s)", report.version, decision.tags()["gate.decision"], decision.reason)
     if decision.promote:
-        promote(client, settings.model_name, version.version)
+        promote(client, settings.model_name, report.version)
         if options.publish:
             if step:
-                step(f"batch scoring version {version.version} into Redis")
-            report.scoring = publish_version(settings, version.version, model=best.model)
+                step(f"batch scoring version {report.version} into Redis")
+            report.scoring = publish_version(settings, report.version, model=best.model)
     return report
 
 
@@ -339,7 +339,7 @@ def promote_version(settings: Settings, version: str | None = None, *, publish: 
         challenger = alias_version(client, settings.model_name, CHALLENGER)
         if challenger is None:
             raise LookupError(f"{settings.model_name} has no '{CHALLENGER}' version to promote")
-        version = challenger.version
+        version = str(challenger.version)
     old = promote(client, settings.model_name, str(version))
     client.set_model_version_tag(settings.model_name, str(version), "gate.decision", "promoted manually")
     if publish:

@@ -106,6 +106,8 @@ def ranking_metrics(
     recommended = np.asarray(recommended)
     if ks and recommended.shape[1] < ks[-1]:
         raise ValueError(f"need at least {ks[-1]} recommendations per user, got {recommended.shape[1]}")
+    if ks:
+        recommended = recommended[:, : ks[-1]]
     rel = relevant.tocsr()
     n_rel = np.diff(rel.indptr)
     users = n_rel > 0

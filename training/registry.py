@@ -22,8 +22,6 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
-
 from mlflow import MlflowClient
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
@@ -99,7 +97,7 @@ def register_version(
     version = client.create_model_version(
         name, source=model_uri, run_id=run_id, tags=tags or {}, description=description
     )
-    client.set_registered_model_alias(name, CHALLENGER, version.version)
+    client.set_registered_model_alias(name, CHALLENGER, str(version.version))
     _log.info("registered %s version %s as %s", name, version.version, CHALLENGER)
     return version
 
@@ -126,7 +124,7 @@ def promote(client: MlflowClient, name: str, version: str | int) -> str | None:
     version = str(version)
     client.get_model_version(name, version)  # raises if it does not exist
     current = alias_version(client, name, CHAMPION)
-    old = current.version if current is not None else None
+    old = str(current.version) if current is not None else None
     if old == version:
         return old
     if old is not None:
@@ -147,12 +145,10 @@ def rollback(client: MlflowClient, name: str) -> tuple[str, str]:
     previous = alias_version(client, name, PREVIOUS)
     if previous is None or champion is None:
         raise LookupError(f"{name}: nothing to roll back to (no '{PREVIOUS}' alias)")
-    client.set_registered_model_alias(name, CHAMPION, previous.version)
-    client.set_registered_model_alias(name, PREVIOUS, champion.version)
-    client.set_model_version_tag(name, previous.version, "rolled_back_from", champion.version)
-    _log.info("%s: rolled back champion %s -> %s", name, champion.version, previous.version)
-    return champion.version, previous.version
+    old, new = str(champion.version), str(previous.version)
+    client.set_registered_model_alias(name, CHAMPION, new)
+    client.set_registered_model_alias(name, PREVIOUS, old)
+    client.set_model_version_tag(name, new, "rolled_back_from", old)
+    _log.info("%s: rolled back champion %s -> %s", name, old, new)
+    return old, new
 
-
-def version_tags(version: ModelVersion) -> dict[str, Any]:
-    return dict(version.tags or {})

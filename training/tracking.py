@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -56,6 +57,11 @@ def configure_tracking(settings: Settings) -> str:
     artifacts go to :attr:`Settings.mlflow_artifact_root`; a tracking server keeps
     its own artifact location.
     """
+    from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR
+
+    # MLflow draws a tqdm bar for every model it copies while validating an input
+    # example; in a CLI with its own progress display (and in logs) that is noise.
+    os.environ.setdefault(MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.name, "false")
     uri = settings.tracking_uri
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
