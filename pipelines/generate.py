@@ -18,8 +18,8 @@ Time and pacing
         contract's 5 minutes in the future, and the stream would quarantine it.
 
 Bulk loads
-    An unpaced run of :data:`BULK_THRESHOLD` records or more sends through
-    :data:`BULK_PROCESSES` producer processes
+    An unpaced run of :data:`~pipelines.producer.BULK_THRESHOLD` records or more sends through
+    :data:`~pipelines.producer.BULK_PROCESSES` producer processes
     (:class:`~pipelines.producer.ParallelKafkaSink`); each partition still
     gets exactly the records, in the same order, that one producer would send.
 
@@ -31,9 +31,11 @@ Bounds
 
 Examples
 --------
->>> shopstream generate --count 1000000 --bad-fraction 0.01           # doctest: +SKIP
->>> shopstream generate --rate 500 --duration 600                     # doctest: +SKIP
->>> shopstream generate --count 1000 --start-time 2024-06-01T12:00:00Z --output events.jsonl  # doctest: +SKIP
+::
+
+    shopstream generate --count 1000000 --bad-fraction 0.01   # bulk load, ends about now
+    shopstream generate --rate 500 --duration 600              # live traffic for ten minutes
+    shopstream generate --count 1000 --start-time 2024-06-01T12:00:00Z --output events.jsonl
 """
 
 from __future__ import annotations
@@ -48,17 +50,21 @@ from rich.console import Console
 
 from pipelines.cli import UserError
 from pipelines.clickstream_model import ClickstreamModel, GeneratorConfig, Record, format_millis
-from pipelines.producer import DeliveryError, ProduceReport, open_sink, produce, render_summary
+from pipelines.producer import (
+    BULK_PROCESSES,
+    BULK_THRESHOLD,
+    DeliveryError,
+    ProduceReport,
+    open_sink,
+    produce,
+    render_summary,
+)
 from pipelines.settings import Settings
 
 __all__ = ["GeneratorConfig", "generate_records", "parse_start_time", "run_generate"]
 
 log = logging.getLogger(__name__)
 
-BULK_THRESHOLD = 200_000
-"""Unpaced runs of at least this many records send through several producer processes."""
-BULK_PROCESSES = 2
-"""How many: kafka-python's per-record cost, not the broker, limits one process (2 cores here)."""
 
 
 def parse_start_time(text: str) -> datetime:

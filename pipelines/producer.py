@@ -47,6 +47,8 @@ from pipelines.settings import Settings
 
 __all__ = [
     "DUPLICATE",
+    "BULK_THRESHOLD",
+    "BULK_PROCESSES",
     "ProduceReport",
     "RecordSink",
     "KafkaSink",
@@ -69,6 +71,10 @@ PACE_SLACK_S = 0.005
 """A paced record may leave up to this early; finer sleeps cost more than they buy."""
 STATUS_EVERY_S = 5.0
 """Status-line period when the console is not a terminal."""
+BULK_THRESHOLD = 200_000
+"""Unpaced runs of at least this many records send through several producer processes."""
+BULK_PROCESSES = 2
+"""How many: kafka-python's per-record Python cost, not the broker, limits one process."""
 
 
 class DeliveryError(RuntimeError):

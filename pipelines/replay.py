@@ -58,6 +58,8 @@ from rich.console import Console
 from features.events import FIELDS, VALID_COLUMNS, Event, validate_event
 from pipelines.cli import UserError
 from pipelines.producer import (
+    BULK_PROCESSES,
+    BULK_THRESHOLD,
     DUPLICATE,
     DeliveryError,
     ProduceReport,
@@ -476,8 +478,9 @@ def run_replay(
 
     log.info("reading %s", path)
     plan = plan_replay(load_table(path), path, preset=chosen, overrides=overrides, limit=limit)
+    bulk = output is None and speedup is None and len(plan.values) >= BULK_THRESHOLD
     try:
-        sink = open_sink(settings, output)
+        sink = open_sink(settings, output, processes=BULK_PROCESSES if bulk else 1)
     except DeliveryError as exc:
         raise UserError(str(exc)) from exc
     details: dict[str, Any] = {"file": str(path), "rows read": plan.rows_read}
