@@ -191,9 +191,61 @@ def stream() -> None:
 
 
 @app.command()
-def backfill() -> None:
-    """Compute features in batch from the offline store and write snapshots (and Redis)."""
-    _not_yet("backfill", 3)
+def backfill(
+    since: Annotated[str | None, typer.Option(help="First as-of time, ISO-8601 (no offset = UTC); default: the first event, rounded down to the step.")] = None,
+    until: Annotated[str | None, typer.Option(help="Last as-of time, ISO-8601; default: the last event, rounded up to the step.")] = None,
+    every: Annotated[int | None, typer.Option(min=1, help="Minutes between as-of times (default: SHOPSTREAM_BACKFILL_STEP_SECONDS).")] = None,
+    every_slide: Annotated[bool, typer.Option("--every-slide", help="An as-of time every slide (tile): exact, costly over long ranges.")] = False,
+    source: Annotated[Path | None, typer.Option(help="Replay file instead of the offline store: JSON lines from generate/replay --output, or CSV/Parquet.")] = None,
+    source_format: Annotated[str | None, typer.Option("--format", help="jsonl, csv or parquet (default: from the file name).")] = None,
+    preset: Annotated[str | None, typer.Option(help="Replay preset mapping a CSV/Parquet file to events, e.g. 'online-retail'.")] = None,
+    mapping: Annotated[list[str] | None, typer.Option("--map", help="FIELD=COLUMN or FIELD==CONSTANT, as for `shopstream replay`.")] = None,
+    materialize: Annotated[bool, typer.Option(help="Also write the values as of the last as-of time to Redis.")] = True,
+) -> None:
+    """Compute features in batch (offline store or a replay file), write snapshots, lineage and Redis."""
+    from datetime import datetime
+
+    from pipelines.backfill import run_backfill
+
+    settings = load_settings()
+
+    def parse_time(name: str, text: str | None) -> datetime | None:
+        if text is None:
+            return None
+        try:
+            return datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise UserError(f"--{name}: not an ISO-8601 time: {text!r}") from exc
+
+    if every is not None and every_slide:
+        raise UserError("give --every or --every-slide, not both")
+    if source_format not in (None, "jsonl", "csv", "parquet"):
+        raise UserError(f"--format must be jsonl, csv or parquet, not {source_format!r}")
+    if source is not None and not source.is_file():
+        raise UserError(f"--source: no such file: {source}")
+    step = settings.feature_slide_seconds if every_slide else (every * 60 if every else None)
+    try:
+        result = run_backfill(
+            settings, since=parse_time("since", since), until=parse_time("until", until),
+            step_seconds=step, source=source, source_format=source_format,  # type: ignore[arg-type]
+            preset=preset, mapping=mapping or [], materialize=materialize,
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    table = Table(title=f"backfill {result.run_id}")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_row("as-of times", f"{result.as_of_count} ({result.since:%Y-%m-%d %H:%M} .. "
+                  f"{result.until:%Y-%m-%d %H:%M} UTC, every {result.step_seconds}s)")
+    for name, value in result.rows.items():
+        table.add_row(name, f"{value:,}")
+    for name, value in result.online.items():
+        table.add_row(f"redis {name}", f"{value:,}")
+    for name, seconds in result.timings.items():
+        table.add_row(f"time {name}", f"{seconds:.1f}s")
+    table.add_row("total", f"{result.seconds:.1f}s")
+    table.add_row("manifest", result.manifest_path)
+    out.print(table)
 
 
 # ------------------------------------------------------------------ training
