@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from features.events import FIELDS, VALID_COLUMNS
 from features.feast_layout import ITEM_STATS, USER_ACTIVITY
@@ -51,7 +52,6 @@ __all__ = [
     "SourceFormat",
     "BackfillResult",
     "read_replay_file",
-    "raw_records",
     "as_of_series",
     "run_backfill",
 ]
@@ -63,7 +63,6 @@ _SUFFIXES: dict[str, SourceFormat] = {
     ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
     ".csv": "csv", ".parquet": "parquet", ".pq": "parquet",
 }
-_NUMBER = r"^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?$"
 
 
 @dataclass
@@ -92,61 +91,43 @@ def _format_of(path: str, fmt: SourceFormat | None) -> SourceFormat:
     raise ValueError(f"cannot tell the format of {path!r}; pass jsonl, csv or parquet")
 
 
-def _json_piece(name: str, column: Any, numeric: bool) -> Any:
-    """``"name":value`` for one field, or null when the field is absent (then it is omitted)."""
-    from pyspark.sql import functions as F
+def read_replay_file(
+    spark: SparkSession,
+    path: str,
+    fmt: SourceFormat | None = None,
+    *,
+    preset: str | None = None,
+    mapping: Sequence[str] = (),
+) -> DataFrame:
+    """Raw records (``key``, ``value`` binary) from a replay file, ready for ``validate_events``.
 
-    quoted = F.regexp_replace(F.to_json(F.struct(column.cast("string").alias(name))), r"^\{|\}$", "")
-    if not numeric:
-        return F.when(column.isNotNull(), quoted)
-    text = F.trim(column.cast("string"))
-    return F.when(column.isNull(), F.lit(None)).when(
-        text.rlike(_NUMBER), F.concat(F.lit(f'"{name}":'), text)
-    ).otherwise(quoted)
-
-
-def raw_records(table: DataFrame) -> DataFrame:
-    """A table whose columns are contract field names -> one raw JSON record per row (``value``).
-
-    Numbers stay numbers when their text is a JSON number (so a CSV's ``"2.5"``
-    is the number 2.5, and ``"abc"`` in ``price`` stays a string that the contract
-    rejects as ``wrong_type``); empty cells and nulls are absent fields; columns
-    that are not contract fields are ignored.
-    """
-    from pyspark.sql import functions as F
-
-    pieces = []
-    for spec in FIELDS:
-        if spec.name not in table.columns:
-            continue
-        column = F.col(spec.name)
-        if dict(table.dtypes)[spec.name] == "string":
-            column = F.when(F.length(column) > 0, column)
-        if dict(table.dtypes)[spec.name].startswith("timestamp"):
-            column = F.date_format(column, "yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'")
-        numeric = spec.kind in ("price", "quantity") or (
-            spec.kind == "timestamp" and dict(table.dtypes)[spec.name] in ("bigint", "int", "double")
-        )
-        pieces.append(_json_piece(spec.name, column, numeric))
-    return table.select(F.concat(F.lit("{"), F.concat_ws(",", *pieces), F.lit("}")).alias("value"))
-
-
-def read_replay_file(spark: SparkSession, path: str, fmt: SourceFormat | None = None) -> DataFrame:
-    """Raw records (column ``value``) from a replay file, ready for ``validate_events``.
-
-    ``jsonl``: one raw JSON record per line, exactly as it would travel on the
-    topic (the format of ``shopstream generate/replay --output``). ``csv`` (with a
-    header) and ``parquet``: columns named like the contract's fields, turned
-    into records by :func:`raw_records`.
+    ``jsonl``: the ``--output`` format of ``shopstream generate`` / ``replay``, read
+    by :func:`pipelines.producer.read_records` (``{"key": .., "value": base64}``
+    per line, byte for byte what would travel on the topic). ``csv`` / ``parquet``:
+    mapped to records by :func:`pipelines.replay.plan_replay` -- with ``preset``
+    (e.g. ``online-retail``) and ``--map`` style ``mapping`` overrides, or, with
+    neither, columns named like the contract's fields -- exactly as ``shopstream
+    replay`` would send them.
     """
     fmt = _format_of(path, fmt)
+    schema = "key binary, value binary"
     if fmt == "jsonl":
-        return spark.read.text(path).select("value")
-    if fmt == "csv":
-        table = spark.read.option("header", True).option("inferSchema", False).csv(path)
-    else:
-        table = spark.read.parquet(path)
-    return raw_records(table)
+        from pipelines.producer import read_records
+
+        return spark.createDataFrame(list(read_records(Path(path))), schema)
+    from pipelines.replay import PRESETS, Source, load_table, parse_mapping, plan_replay
+
+    table = load_table(Path(path))
+    overrides = parse_mapping(mapping)
+    chosen = None
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r} (presets: {', '.join(PRESETS)})")
+        chosen = PRESETS[preset]
+    elif not overrides:
+        overrides = {f.name: Source(column=f.name) for f in FIELDS if f.name in table.columns}
+    plan = plan_replay(table, Path(path), preset=chosen, overrides=overrides)
+    return spark.createDataFrame(list(zip(plan.keys, plan.values, strict=True)), schema)
 
 
 def _floor(ts: datetime, step: int) -> datetime:
@@ -176,6 +157,7 @@ def _utc(ts: datetime | None) -> datetime | None:
 def _read(
     spark: SparkSession, settings: Settings, source: str | None, fmt: SourceFormat | None,
     since: datetime | None, until: datetime | None, manifest: lineage.Manifest,
+    preset: str | None = None, mapping: Sequence[str] = (),
 ) -> tuple[DataFrame, dict[str, int]]:
     """Validated, deduplicated events (``VALID_COLUMNS``) and row counts."""
     from pyspark.sql import functions as F
@@ -191,8 +173,8 @@ def _read(
                                format="parquet")
     else:
         fmt = _format_of(source, fmt)
-        raw = read_replay_file(spark, source, fmt)
-        files = raw.inputFiles()
+        raw = read_replay_file(spark, source, fmt, preset=preset, mapping=mapping)
+        files = [source]
         # Validate once: persist the verdicts; validate_events(raw, same now) then reads
         # them from the cache (Spark matches the identical plan) instead of re-validating.
         for name, typ in (("key", "binary"), ("topic", "string"), ("partition", "int"),
@@ -214,7 +196,8 @@ def _read(
             events = events.where(F.col("event_time") >= F.lit(read_from))
         if until is not None:
             events = events.where(F.col("event_time") <= F.lit(until))
-        manifest.inputs.update(source="file", path=source, format=fmt)
+        manifest.inputs.update(source="file", path=source, format=fmt, preset=preset,
+                               mapping=list(mapping))
     manifest.inputs["files"] = [vars(f) for f in lineage.file_fingerprints(files)]
 
     events = events.persist()
@@ -238,6 +221,8 @@ def run_backfill(
     step_seconds: int | None = None,
     source: str | Path | None = None,
     source_format: SourceFormat | None = None,
+    preset: str | None = None,
+    mapping: Sequence[str] = (),
     materialize: bool = True,
     spark: SparkSession | None = None,
 ) -> BackfillResult:
@@ -252,8 +237,8 @@ def run_backfill(
         times, rounded out to the step.
     step_seconds
         Snapshot cadence (default ``settings.backfill_step_seconds``).
-    source, source_format
-        A replay file instead of the offline store.
+    source, source_format, preset, mapping
+        A replay file instead of the offline store (see :func:`read_replay_file`).
     materialize
         Also write the values as of the last as-of time to Redis.
     spark
@@ -279,7 +264,8 @@ def run_backfill(
 
     # --- read: validated, deduplicated events -------------------------------
     source_text = str(source) if source is not None else None
-    events, counts = _read(spark, settings, source_text, source_format, since, until, manifest)
+    events, counts = _read(spark, settings, source_text, source_format, since, until, manifest,
+                           preset, mapping)
     timings = {"read": round(time.monotonic() - started, 3)}
     if since is None or until is None:
         bounds = events.agg(F.min("event_time"), F.max("event_time")).first()
