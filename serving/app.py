@@ -27,7 +27,7 @@ from pipelines.settings import Settings
 from serving.api.deps import key_digest
 from serving.api.routes import ROUTERS
 from serving.client import AsyncServingClient
-from serving.errors import ServingError
+from serving.errors import InvalidParameter, ServingError
 from serving.metrics import MetricsMiddleware, ServingMetrics
 from serving.validation import message_for
 
@@ -123,7 +123,10 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 
 async def _serving_error(request: Request, exc: ServingError) -> JSONResponse:
     headers = {"Retry-After": "1"} if exc.status_code == status.HTTP_503_SERVICE_UNAVAILABLE else None
-    return JSONResponse(status_code=exc.status_code, content={"detail": exc.message}, headers=headers)
+    content: dict[str, object] = {"detail": exc.message}
+    if isinstance(exc, InvalidParameter):
+        content["errors"] = [{"param": exc.param, "message": exc.message}]
+    return JSONResponse(status_code=exc.status_code, content=content, headers=headers)
 
 
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:

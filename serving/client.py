@@ -95,6 +95,7 @@ from serving.rerank import (
 )
 from serving.validation import (
     K_DEFAULT,
+    TRENDING_WINDOWS,
     check_id,
     check_k,
     check_optional_id,
@@ -629,7 +630,7 @@ class _Core:
     def warm_flow(self) -> Flow[None]:
         """Refresh the live pointer and the remembered global top sellers / trending lists."""
         size = self.settings.serving_fallback_size
-        lists = [(kind, w) for kind in ("top_sellers", "trending") for w in WINDOWS]
+        lists = [("top_sellers", w) for w in WINDOWS] + [("trending", w) for w in TRENDING_WINDOWS]
         batch: list[Cmd] = [("get", (live_model_key(),))]
         for kind, window in lists:
             key = top_sellers_key(window, scope_for()) if kind == "top_sellers" else trending_key(window, scope_for())
@@ -682,8 +683,9 @@ class _Checks:
     """Argument checks shared by both clients (the API has already applied the same rules)."""
 
     @staticmethod
-    def top(window: str, category: str | None, region: str | None, k: int) -> tuple[str, str | None, str | None, int]:
-        return (check_window(window), check_optional_id("category", category),
+    def top(window: str, category: str | None, region: str | None, k: int, *,
+            trending: bool = False) -> tuple[str, str | None, str | None, int]:
+        return (check_window(window, trending=trending), check_optional_id("category", category),
                 check_optional_id("region", region), check_k(k))
 
 
@@ -768,8 +770,8 @@ class ServingClient:
 
     def trending(self, window: str = "1h", category: str | None = None,
                  region: str | None = None, k: int = K_DEFAULT) -> TopItemsResponse:
-        """Items trending in ``window`` for a scope."""
-        window, category, region, k = _Checks.top(window, category, region, k)
+        """Items trending in ``window`` (``1h``: the last hour against the 24h pace) for a scope."""
+        window, category, region, k = _Checks.top(window, category, region, k, trending=True)
         return self._run("trending", self._core.top_items_flow("trending", window, category, region, k),
                          lambda: self._core.top_items_fallback("trending", window, category, region, k))
 
@@ -890,7 +892,7 @@ class AsyncServingClient:
 
     async def trending(self, window: str = "1h", category: str | None = None,
                        region: str | None = None, k: int = K_DEFAULT) -> TopItemsResponse:
-        window, category, region, k = _Checks.top(window, category, region, k)
+        window, category, region, k = _Checks.top(window, category, region, k, trending=True)
         return await self._run(
             "trending", self._core.top_items_flow("trending", window, category, region, k),
             lambda: self._core.top_items_fallback("trending", window, category, region, k))

@@ -33,6 +33,7 @@ __all__ = [
     "K_DEFAULT",
     "WINDOWS",
     "WINDOW_PATTERN",
+    "TRENDING_WINDOWS",
     "check_id",
     "check_optional_id",
     "check_k",
@@ -51,6 +52,9 @@ ID_RULE = (
     f"1-{MAX_ID_LENGTH} characters: letters, digits, spaces inside, and _ . @ + : & ' ( ) # , -"
 )
 WINDOW_PATTERN = "^(" + "|".join(re.escape(w) for w in WINDOWS) + ")$"
+TRENDING_WINDOWS: tuple[str, ...] = ("1h",)
+"""Windows trending lists exist for: the pipeline scores the last hour against the 24h pace
+(``features.windows.trending_score``), so there is no separate 24h trending list."""
 K_MIN = 1
 K_MAX = 100
 K_DEFAULT = 10
@@ -92,7 +96,13 @@ def check_k(k: object) -> int:
     return k
 
 
-def check_window(window: object) -> str:
+def check_window(window: object, *, trending: bool = False) -> str:
     if window not in WINDOWS:
         raise InvalidParameter("window", _MESSAGES["window"])
+    if trending and window not in TRENDING_WINDOWS:
+        raise InvalidParameter(
+            "window",
+            f"trending is computed for window {', '.join(TRENDING_WINDOWS)} only "
+            "(the last hour's sales against the 24h pace)",
+        )
     return str(window)

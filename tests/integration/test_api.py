@@ -133,6 +133,7 @@ def test_get_similar_items_of_an_unknown_item_is_404(http: TestClient) -> None:
         ("/v1/top-sellers?k=101", "k", "k must be an integer from 1 to 100"),
         ("/v1/top-sellers?k=ten", "k", "k must be an integer from 1 to 100"),
         ("/v1/trending?window=7d", "window", "window must be one of 1h, 24h"),
+        ("/v1/trending?window=24h", "window", "trending is computed for window 1h only"),
         ("/v1/top-sellers?category=a%2Fb", "category", "category must be 1-64 characters"),
         ("/v1/top-sellers?region=" + "x" * 65, "region", "region must be 1-64 characters"),
         ("/v1/users/" + "u" * 65 + "/recommendations", "user_id", "user_id must be 1-64 characters"),

@@ -7,9 +7,13 @@ only this module:
 
 * item metadata, top sellers / trending lists and ``user_activity`` rows go
   through :mod:`pipelines.online_writer` (the stream's and backfill's writer);
-* per-version recommendations, similar items and the live pointer go through
-  :mod:`training.scoring` when it is available (``write_recommendations`` +
-  ``switch_live``), else through the :mod:`features.online_keys` keys it writes.
+* per-version recommendations and similar items are hand-picked lists written to
+  the :mod:`features.online_keys` keys that training's batch scoring writes (so the
+  tests can name exact expectations), and the live switch is
+  :func:`training.scoring.switch_live` itself.
+
+``tests/integration/test_serving_pipelines.py`` runs serving on a store written
+end to end by the backfill (Spark) and a fitted model's batch scoring.
 
 The catalogue borrows real Online Retail ids (``85123A``, ``United Kingdom``,
 ``guest-536365``) so the id rules are exercised by real-looking values.
@@ -169,19 +173,10 @@ def write_model(client: Any, version: str, *, make_live: bool = True) -> None:
 
 
 def switch_live(client: Any, version: str) -> None:
-    try:
-        from training.scoring import switch_live as training_switch_live
-    except ImportError:
-        training_switch_live = None
-    if training_switch_live is not None:
-        training_switch_live(client, version)
-        return
-    with client.pipeline(transaction=True) as tx:
-        old = client.get(online_keys.live_model_key())
-        if old is not None:
-            tx.set(online_keys.previous_model_key(), old)
-        tx.set(online_keys.live_model_key(), version)
-        tx.execute()
+    """Make ``version`` live the way training does (one transaction on the pointers)."""
+    from training.scoring import switch_live as training_switch_live
+
+    training_switch_live(client, version)
 
 
 def seed_store(client: Any, settings: Settings, *, as_of: datetime | None = None,

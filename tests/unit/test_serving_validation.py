@@ -63,3 +63,9 @@ def test_check_window_accepts_only_known_windows() -> None:
     assert check_window("24h") == "24h"
     with pytest.raises(InvalidParameter, match="window must be one of 1h, 24h"):
         check_window("7d")
+
+
+def test_check_window_for_trending_accepts_only_the_hour() -> None:
+    assert check_window("1h", trending=True) == "1h"
+    with pytest.raises(InvalidParameter, match="trending is computed for window 1h only"):
+        check_window("24h", trending=True)

@@ -31,5 +31,7 @@ async def get_trending(
     region: RegionQuery = None,
     k: KQuery = K_DEFAULT,
 ) -> TopItemsResponse:
-    """Items ranked by trending score (last hour's units against the 24h pace) for a scope."""
+    """Items ranked by trending score -- the last hour's units against the item's 24h pace,
+    ``(units_1h + 1) / (units_24h / 24 + 1)`` -- for a scope. Only ``window=1h`` exists
+    (the score already compares the hour with the day); ``24h`` is a 422."""
     return await client.trending(window, category, region, k)
