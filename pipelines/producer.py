@@ -267,7 +267,7 @@ class FileSink:
         return 0, None
 
 
-def _producer_process(settings: Settings, topic: str, inbox: Any, results: Any) -> None:
+def _producer_process(index: int, settings: Settings, topic: str, inbox: Any, results: Any) -> None:
     """Body of one :class:`ParallelKafkaSink` worker: a KafkaSink fed through a queue."""
     import signal
 
@@ -275,10 +275,10 @@ def _producer_process(settings: Settings, topic: str, inbox: Any, results: Any) 
     try:
         sink = KafkaSink(settings, topic)
     except DeliveryError as exc:
-        results.put(("error", str(exc)))
+        results.put(("error", index, str(exc)))
         return
-    results.put(("ready", None))
-    failed, first_error = 0, None
+    results.put(("ready", index, None))
+    first_error = None
     try:
         while (batch := inbox.get()) is not None:
             sink.send_partitioned(batch)
@@ -286,7 +286,7 @@ def _producer_process(settings: Settings, topic: str, inbox: Any, results: Any) 
         first_error = repr(exc)
     finally:
         failed, error = sink.close()
-        results.put(("done", (failed, first_error or error)))
+        results.put(("done", index, (failed, first_error or error)))
 
 
 class ParallelKafkaSink:
@@ -297,7 +297,7 @@ class ParallelKafkaSink:
     routed here by the Java client's partitioner (murmur2 of the key), so each
     partition receives exactly what, and in the order, a single producer would
     send; keyless records go round-robin. Workers report delivery failures at
-    :meth:`close`.
+    :meth:`close`; everything handed to a worker that dies is counted as failed.
     """
 
     QUEUE_DEPTH = 16
@@ -317,17 +317,20 @@ class ParallelKafkaSink:
         self._results = ctx.Queue()
         self._inboxes = [ctx.Queue(maxsize=self.QUEUE_DEPTH) for _ in range(processes)]
         self._workers = [
-            ctx.Process(target=_producer_process, args=(settings, self.topic, inbox, self._results),
+            ctx.Process(target=_producer_process, args=(i, settings, self.topic, inbox, self._results),
                         name=f"shopstream-producer-{i}", daemon=True)
             for i, inbox in enumerate(self._inboxes)
         ]
+        self._handed = [0] * processes
+        self._reported: set[int] = set()
         for worker in self._workers:
             worker.start()
         for _ in self._workers:
-            status, detail = self._result(timeout=120)
+            status, _, detail = self._result(timeout=120)
             if status == "error":
                 self._stop()
                 raise DeliveryError(detail)
+        self._reported.clear()
         self._cache: dict[bytes, int] = {}
         self._round_robin = 0
 
@@ -348,50 +351,56 @@ class ParallelKafkaSink:
         for record in records:
             p = part(record[0])
             buckets[p % n].append((record[0], record[1], p))
-        for worker, inbox, bucket in zip(self._workers, self._inboxes, buckets, strict=True):
+        for i, bucket in enumerate(buckets):
             if bucket:
-                self._put(worker, inbox, bucket)
+                self._handed[i] += len(bucket)
+                self._put(i, bucket)
 
-    @staticmethod
-    def _put(worker: Any, inbox: Any, item: Any) -> None:
+    def _put(self, index: int, item: Any) -> None:
+        """Queue ``item`` for worker ``index`` unless it died (then its records count as failed)."""
         import queue
 
-        while True:
+        worker, inbox = self._workers[index], self._inboxes[index]
+        while worker.is_alive():
             try:
                 inbox.put(item, timeout=1.0)
                 return
             except queue.Full:
-                if not worker.is_alive():
-                    raise DeliveryError(f"{worker.name} exited (code {worker.exitcode})") from None
+                continue
 
     def close(self) -> tuple[int, str | None]:
         failed, first_error = 0, None
-        for worker, inbox in zip(self._workers, self._inboxes, strict=True):
-            if worker.is_alive():
-                self._put(worker, inbox, None)
+        for i in range(len(self._workers)):
+            self._put(i, None)
         for _ in self._workers:
-            status, detail = self._result(timeout=300)
+            status, index, detail = self._result(timeout=300)
             if status == "done":
                 failed += detail[0]
                 first_error = first_error or detail[1]
-            else:
+            else:  # died or silent: nothing it was handed is confirmed
+                failed += self._handed[index] if index is not None else sum(self._handed)
                 first_error = first_error or str(detail)
+                if index is None:
+                    break
         self._stop()
         return failed, first_error
 
-    def _result(self, timeout: float) -> tuple[str, Any]:
+    def _result(self, timeout: float) -> tuple[str, int | None, Any]:
         """The next worker report; a worker that died without one is an error, not a hang."""
         import queue
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                return self._results.get(timeout=1.0)
+                status, index, detail = self._results.get(timeout=1.0)
+                self._reported.add(index)
+                return status, index, detail
             except queue.Empty:
-                dead = [w for w in self._workers if not w.is_alive() and w.exitcode not in (0, None)]
-                if dead:
-                    return "error", f"{dead[0].name} exited with code {dead[0].exitcode}"
-        return "error", f"no report from the producer processes within {timeout:.0f} s"
+                for i, worker in enumerate(self._workers):
+                    if i not in self._reported and not worker.is_alive():
+                        self._reported.add(i)
+                        return "error", i, f"{worker.name} exited with code {worker.exitcode}"
+        return "error", None, f"no report from the producer processes within {timeout:.0f} s"
 
     def _stop(self) -> None:
         for worker in self._workers:

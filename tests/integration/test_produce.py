@@ -129,3 +129,21 @@ def test_parallel_sink_partitions_like_one_producer(topic_settings: Settings, to
         read = [(r.key, r.value) for r in got if r.partition == partition and r.key is not None]
         assert read == sent
     assert sum(1 for r in got if r.key is None) == sum(1 for e in expected if e.key is None)
+
+
+def test_parallel_sink_counts_a_dead_workers_records_as_failed(topic_settings: Settings) -> None:
+    import os
+    import signal
+
+    from pipelines.producer import ParallelKafkaSink
+
+    sink = ParallelKafkaSink(topic_settings, processes=2)
+    records = [(f"u{i}".encode(), b"{}", None, 0) for i in range(200)]
+    sink.send_batch(records)
+    victim = sink._workers[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.join(timeout=10)
+    sink.send_batch(records)  # must not hang on the dead worker's queue
+    failed, first_error = sink.close()
+    assert failed >= sink._handed[0] > 0  # nothing handed to it is taken as delivered
+    assert first_error and "exited" in first_error
