@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.partitioner.default import DefaultPartitioner, murmur2
 from rich.console import Console
 from rich.progress import (
@@ -71,6 +71,8 @@ PACE_SLACK_S = 0.005
 """A paced record may leave up to this early; finer sleeps cost more than they buy."""
 STATUS_EVERY_S = 5.0
 """Status-line period when the console is not a terminal."""
+SLOW_BROKER_PATIENCE_S = 300.0
+"""How long a send may wait for room in a full producer buffer before the run gives up."""
 BULK_THRESHOLD = 200_000
 """Unpaced runs of at least this many records send through several producer processes."""
 BULK_PROCESSES = 2
@@ -211,14 +213,41 @@ class KafkaSink:
 
     def send_batch(self, records: Sequence[tuple[Any, ...]]) -> None:
         send, topic = self._producer.send, self.topic
-        self._pending.append([send(topic, value=r[1], key=r[0]) for r in records])
+        futures: list[Any] = []
+        append = futures.append
+        for r in records:
+            try:
+                append(send(topic, value=r[1], key=r[0]))
+            except KafkaTimeoutError:
+                append(self._send_when_room(r[0], r[1], None))
+        self._pending.append(futures)
         self._check_pending()
 
     def send_partitioned(self, records: Sequence[tuple[bytes | None, bytes, int]]) -> None:
         """Send ``(key, value, partition)`` tuples to the given partitions."""
         send, topic = self._producer.send, self.topic
-        self._pending.append([send(topic, value=r[1], key=r[0], partition=r[2]) for r in records])
+        futures: list[Any] = []
+        append = futures.append
+        for r in records:
+            try:
+                append(send(topic, value=r[1], key=r[0], partition=r[2]))
+            except KafkaTimeoutError:
+                append(self._send_when_room(r[0], r[1], r[2]))
+        self._pending.append(futures)
         self._check_pending()
+
+    def _send_when_room(self, key: bytes | None, value: bytes, partition: int | None) -> Any:
+        """The producer's buffer stayed full (a slow broker): keep waiting, within a bound."""
+        deadline = time.monotonic() + SLOW_BROKER_PATIENCE_S
+        while True:
+            log.warning("Kafka is not keeping up (send buffer full); waiting")
+            try:
+                return self._producer.send(self.topic, value=value, key=key, partition=partition)
+            except KafkaTimeoutError as exc:
+                if time.monotonic() > deadline:
+                    raise DeliveryError(
+                        f"Kafka accepted nothing for {SLOW_BROKER_PATIENCE_S:.0f} s: {exc}"
+                    ) from exc
 
     def _check_pending(self) -> None:
         # Check older batches once they are likely acknowledged; keep the rest for later.
@@ -520,6 +549,7 @@ def produce(
         progress.advance(len(buffer))
         buffer.clear()
 
+    lost, lost_error = 0, None
     with _Progress(console, description, total) as progress:
         try:
             for record in records:
@@ -547,9 +577,19 @@ def produce(
             log.warning("interrupted: delivering what was already sent")
             if buffer:
                 flush(progress)
+        except DeliveryError as exc:
+            # Stop sending; the batch that failed is counted as not delivered.
+            log.error("%s", exc)
+            lost, lost_error = len(buffer), str(exc)
+            for record in buffer:
+                labels[record[2] or "valid"] += 1
+            report.sent += lost
+            buffer.clear()
         finally:
-            report.failed, report.first_error = sink.close()
+            failed, first_error = sink.close()
             report.elapsed_s = time.monotonic() - start
+        report.failed = failed + lost
+        report.first_error = lost_error or first_error
     return report
 
 
