@@ -307,15 +307,21 @@ def _producer_process(index: int, settings: Settings, topic: str, inbox: Any, re
         results.put(("error", index, str(exc)))
         return
     results.put(("ready", index, None))
-    first_error = None
+    first_error: str | None = None
+    dropped = 0
     try:
         while (batch := inbox.get()) is not None:
-            sink.send_partitioned(batch)
-    except Exception as exc:  # reported to the parent, which counts what was not confirmed
-        first_error = repr(exc)
+            if first_error is not None:
+                dropped += len(batch)  # after a failure: drain, count as not delivered
+                continue
+            try:
+                sink.send_partitioned(batch)
+            except Exception as exc:  # reported to the parent (the whole batch as not delivered)
+                first_error = str(exc)
+                dropped += len(batch)
     finally:
         failed, error = sink.close()
-        results.put(("done", index, (failed, first_error or error)))
+        results.put(("done", index, (failed + dropped, first_error or error)))
 
 
 class ParallelKafkaSink:
