@@ -344,7 +344,7 @@ def _print_train_report(settings: Settings, report: object, link: str) -> None:
         val = row.get(f"validation_{metric_key('ndcg', k)}", float("nan"))
         table.add_row(name, *[f"{row[metric_key(c, k)]:.4f}" for c in cols],
                       "-" if val != val else f"{val:.4f}", f"{row['fit_seconds']:.1f}")
-    out.print(table)
+    out.print(table, width=max(out.width, 110))  # never squeeze the numbers, even in a pipe
     out.print(f"* best on validation: {report.best}")  # type: ignore[attr-defined]
     if report.version is not None:  # type: ignore[attr-defined]
         decision = report.decision  # type: ignore[attr-defined]

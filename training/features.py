@@ -15,6 +15,7 @@ retrieval instead of users x items rows, with the same point-in-time semantics.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ import pandas as pd
 from pipelines.settings import Settings
 from training.models.ltr import FeatureProvider
 
-__all__ = ["ranking_features", "entity_features", "numeric_features", "feast_feature_provider"]
+__all__ = ["ranking_features", "entity_features", "numeric_features", "snapshot_entities", "feast_feature_provider"]
 
 _log = logging.getLogger(__name__)
 
@@ -46,7 +47,10 @@ def ranking_features(store: Any, rows: pd.DataFrame, service: str) -> pd.DataFra
         features=store.get_feature_service(service),
         full_feature_names=True,
     )
-    return job.to_df()
+    with warnings.catch_warnings():
+        # dask (under Feast's file offline store) warns about pandas downcasting on every join
+        warnings.simplefilter("ignore", FutureWarning)
+        return job.to_df()
 
 
 def numeric_features(frame: pd.DataFrame, at: pd.Timestamp) -> pd.DataFrame:
@@ -87,6 +91,14 @@ def entity_features(
     return user_df, item_df
 
 
+def snapshot_entities(path: str, join_key: str) -> set[str]:
+    """The entity ids that have at least one row in a snapshot folder (one column read)."""
+    import pyarrow.dataset as ds
+
+    table = ds.dataset(path, format="parquet", partitioning="hive").to_table(columns=[join_key])
+    return set(table.column(join_key).unique().to_pylist())
+
+
 def feast_feature_provider(settings: Settings, service: str | None = None) -> FeatureProvider:
     """A :data:`~training.models.ltr.FeatureProvider` backed by Feast's offline store.
 
@@ -104,9 +116,19 @@ def feast_feature_provider(settings: Settings, service: str | None = None) -> Fe
             raise FileNotFoundError(f"no Feast feature snapshots at {path} (run `shopstream backfill`)")
     store = feature_store(settings)
     store.get_feature_service(service)  # fail early on an unknown service
+    # Feast's file (dask) offline store cannot sort a join in which an entity has no
+    # snapshot row at all (a null `created`), so only entities with snapshots are
+    # asked for; the others simply have no features (NaN for the re-ranker).
+    known_users = snapshot_entities(snapshot_path(settings, "user_activity"), "user_id")
+    known_items = snapshot_entities(snapshot_path(settings, "item_stats"), "item_id")
 
     def provide(user_ids: np.ndarray, item_ids: np.ndarray, at: pd.Timestamp) -> tuple[pd.DataFrame, pd.DataFrame]:
-        _log.info("feast: %s features for %d users, %d items as of %s", service, len(user_ids), len(item_ids), at)
-        return entity_features(store, list(user_ids), list(item_ids), at, service)
+        users = [u for u in map(str, user_ids) if u in known_users]
+        items = [i for i in map(str, item_ids) if i in known_items]
+        _log.info("feast: %s features for %d of %d users, %d of %d items as of %s",
+                  service, len(users), len(user_ids), len(items), len(item_ids), at)
+        if not users or not items:
+            return pd.DataFrame(index=pd.Index([], name="user_id")), pd.DataFrame(index=pd.Index([], name="item_id"))
+        return entity_features(store, users, items, at, service)
 
     return provide
