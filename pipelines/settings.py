@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -126,6 +127,19 @@ class Settings(BaseSettings):
     stream_starting_offsets: str = "earliest"
     checkpoint_dir: str | None = None
     """Default ``<data_dir>/checkpoints``; URI-capable."""
+    stream_dedup_retention_seconds: int = Field(default=900, ge=1)
+    """How long (processing time) an event_id is remembered for deduplication; the
+    state store evicts it afterwards, so state stays bounded."""
+    stream_mode: Literal["microbatch", "realtime"] = "microbatch"
+    """``realtime``: the online path runs as a second query in Spark's Real-time Mode
+    while the micro-batch query keeps feeding the Parquet sinks."""
+    stream_realtime_checkpoint_seconds: int = Field(default=300, ge=5)
+    """Real-time Mode batch duration: how often it checkpoints (not a latency)."""
+    stream_batch_log_retain: int = Field(default=100, ge=2)
+    """Per-batch clock files kept under the checkpoint (older ones are deleted)."""
+    stream_metrics_textfile: str | None = None
+    """Prometheus textfile (node-exporter format); default ``<data_dir>/stream/shopstream_stream.prom``
+    for a local data dir, none otherwise."""
 
     # --- MLflow / training --------------------------------------------
     mlflow_tracking_uri: str | None = None

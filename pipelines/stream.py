@@ -1,0 +1,421 @@
+"""The streaming feature job: Kafka -> validation -> quarantine, raw events, online features.
+
+One micro-batch query, read -> transform -> write::
+
+    Kafka (native source, maxOffsetsPerTrigger)
+      -> verdict per record (features.validation, stateless)
+      -> dedup by event_id within a processing-time watermark (RocksDB state)
+      -> foreachBatch(batch, batch_id):
+           a. event-time clock of batch_id - 1 (checkpointed) splits valid events
+              into on-time and late;
+           b. online: tile deltas merged into Redis (idempotent per batch), features
+              finalized as of the clock T and written in Feast's layout, top sellers
+              replaced atomically, item metadata;
+           c. raw events and quarantine (malformed + late) to Parquet, each batch
+              replacing its own partition (batch_id) on a replay;
+           d. at each slide boundary of T, feature snapshots to the offline store.
+
+Exactly once: Spark's offset and commit logs replay an unfinished batch with the
+same offsets, the same batch timestamp, the same dedup state and the same
+watermark; every sink above is idempotent for a replayed batch_id, so a crash
+(kill -9) at any point neither loses nor doubles an event.
+
+Late events: Spark's stateful operators drop rows behind the watermark silently,
+so the watermark here is on the ingest (processing) time, which never makes a row
+late; event-time lateness is decided in foreachBatch against the checkpointed
+clock (max accepted event time minus ``feature_allowed_lateness_seconds``), and
+late rows go to the quarantine with reason ``late_event`` and into the metrics.
+
+Run locally: ``shopstream stream`` (``--available-now`` or ``--until-idle 10`` to
+stop once caught up). On a cluster::
+
+    spark-submit --master spark://host:7077 \\
+        --packages org.apache.spark:spark-sql-kafka-0-10_2.13:<version> \\
+        --py-files shopstream.zip -m pipelines.stream
+
+with ``SHOPSTREAM_DATA_DIR=s3a://bucket/shopstream`` (checkpoints and the
+offline store follow it) and the Kafka / Redis addresses in the environment.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from features.events import Reason
+from features.validation import QUARANTINE_COLUMNS, with_verdict
+from pipelines import offline_store
+from pipelines.settings import Settings
+from pipelines.stream_metrics import BatchStats, MetricsRecorder, ProgressListener
+from pipelines.stream_state import BatchLog, BatchRecord, release
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+__all__ = [
+    "QUERY_NAME",
+    "RAW_COLUMNS",
+    "StreamOptions",
+    "query_checkpoint",
+    "read_kafka",
+    "checked_records",
+    "BatchProcessor",
+    "start_stream",
+    "run_stream",
+]
+
+log = logging.getLogger(__name__)
+
+QUERY_NAME = "shopstream-events"
+"""Name of the micro-batch query (and its checkpoint folder)."""
+RAW_COLUMNS: tuple[str, ...] = ("key", "value", "topic", "partition", "offset", "timestamp")
+BATCH_COLUMN = "batch_id"
+"""Extra partition level of the raw events and quarantine written by the stream: a
+replayed batch overwrites exactly its own files (dynamic partition overwrite)."""
+_DEDUP_KEY = "_dedup_key"
+_BATCH_COLUMNS: tuple[str, ...] = (
+    *RAW_COLUMNS, "ingest_time", "reason", "field", "event_id", "event_type", "event_time",
+    "user_id", "session_id", "item_id", "category_id", "region", "price", "quantity", "device",
+)
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """How to run the job (the settings say where and with what limits).
+
+    Attributes
+    ----------
+    stop
+        ``never`` (a service), ``available_now`` (process what is in the topic at
+        start, in batches of ``maxOffsetsPerTrigger``, then stop) or ``idle``
+        (stop after ``idle_seconds`` without new input; tests and demos).
+    online
+        Write features to Redis from this query (off when Real-time Mode does it).
+    """
+
+    stop: Literal["never", "available_now", "idle"] = "never"
+    idle_seconds: float = 10.0
+    online: bool = True
+    snapshots: bool = True
+    timeout_seconds: float | None = None
+
+
+def query_checkpoint(settings: Settings, name: str = QUERY_NAME) -> str:
+    """The checkpoint location of one query (a URI or a local path)."""
+    return f"{settings.checkpoint_path.rstrip('/')}/{name}"
+
+
+# ------------------------------------------------------------------- read
+def read_kafka(spark: SparkSession, settings: Settings) -> DataFrame:
+    """The events topic through Spark's native ``kafka`` source.
+
+    ``startingOffsets`` only applies to a fresh checkpoint; later starts resume
+    from the checkpoint's offsets. ``maxOffsetsPerTrigger`` bounds a batch, so a
+    backlog is worked off at a steady pace (backpressure).
+    """
+    return (
+        spark.readStream.format("kafka")
+        .options(**settings.spark_kafka_options())
+        .option("subscribe", settings.kafka_topic_events)
+        .option("startingOffsets", settings.stream_starting_offsets)
+        .option("maxOffsetsPerTrigger", str(settings.stream_max_offsets_per_trigger))
+        .load()
+    )
+
+
+# -------------------------------------------------------------- transform
+def checked_records(raw: DataFrame, settings: Settings) -> DataFrame:
+    """Raw Kafka rows -> one row per record with its verdict, deduplicated by event_id.
+
+    * ``ingest_time`` is the micro-batch's timestamp (``current_timestamp()``,
+      fixed per batch and kept in the offset log, so a replay sees the same);
+    * the future-timestamp rule compares ``event_time`` with the earlier of the
+      record's Kafka timestamp and ``ingest_time``: both are logged, so a record
+      gets the same verdict on a replay, whenever that happens;
+    * valid records are deduplicated by ``event_id`` (invalid ones by their
+      Kafka coordinates, i.e. never), with ``dropDuplicatesWithinWatermark`` over
+      a watermark on ``ingest_time``: the batch's own timestamp is never behind
+      that watermark, so no row is ever dropped as late here, and the key
+      expires ``stream_dedup_retention_seconds`` later.
+    """
+    from pyspark.sql import functions as F
+
+    records = raw.select(*RAW_COLUMNS).withColumn("ingest_time", F.current_timestamp())
+    now = F.least(F.coalesce(F.col("timestamp"), F.col("ingest_time")), F.col("ingest_time"))
+    checked = with_verdict(records, now=now)
+    coordinates = F.concat_ws("/", F.lit("k"), F.col("topic"), F.col("partition").cast("string"),
+                              F.col("offset").cast("string"))
+    key = F.when(F.col("reason").isNull(), F.concat(F.lit("e:"), F.col("event_id"))).otherwise(
+        coordinates)
+    return (
+        checked.withColumn(_DEDUP_KEY, key)
+        .withWatermark("ingest_time", f"{settings.stream_dedup_retention_seconds} seconds")
+        .dropDuplicatesWithinWatermark([_DEDUP_KEY])
+    )
+
+
+def _epoch_us(ts: datetime) -> int:
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=UTC)
+    delta = ts.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+# ------------------------------------------------------------------ write
+def write_events_batch(events: DataFrame, settings: Settings, batch_id: int) -> None:
+    """Valid on-time events of one batch -> ``events/event_date=/event_hour=/batch_id=``."""
+    from pyspark.sql import functions as F
+
+    offline_store.configure_parquet(events.sparkSession)
+    rows = offline_store.with_event_partitions(events).withColumn(BATCH_COLUMN, F.lit(batch_id))
+    (rows.write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
+     .partitionBy(*offline_store.EVENT_PARTITION_COLUMNS, BATCH_COLUMN)
+     .parquet(offline_store.events_path(settings)))
+
+
+def write_quarantine_batch(rows: DataFrame, settings: Settings, batch_id: int) -> None:
+    """Quarantine rows of one batch -> ``quarantine/ingest_date=/batch_id=``."""
+    from pyspark.sql import functions as F
+
+    offline_store.configure_parquet(rows.sparkSession)
+    out = offline_store.with_quarantine_partitions(rows).withColumn(BATCH_COLUMN, F.lit(batch_id))
+    (out.write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
+     .partitionBy(*offline_store.QUARANTINE_PARTITION_COLUMNS, BATCH_COLUMN)
+     .parquet(offline_store.quarantine_path(settings)))
+
+
+def quarantine_rows(checked: DataFrame) -> DataFrame:
+    """Verdict rows (malformed, or valid but late) -> :data:`QUARANTINE_COLUMNS`."""
+    from pyspark.sql import functions as F
+
+    late = F.col("_late")
+    return checked.select(
+        F.when(late, F.lit(Reason.LATE_EVENT.value)).otherwise(F.col("reason")).alias("reason"),
+        F.when(late, F.lit("event_time")).otherwise(F.col("field")).alias("field"),
+        F.col("value").cast("binary").alias("raw_value"),
+        F.col("key").cast("binary").alias("raw_key"),
+        "topic",
+        "partition",
+        "offset",
+        F.col("timestamp").alias("kafka_timestamp"),
+        "ingest_time",
+    ).select(*QUARANTINE_COLUMNS)
+
+
+# ----------------------------------------------------------- foreachBatch
+@dataclass
+class BatchProcessor:
+    """The ``foreachBatch`` function: clock, late split, sinks, metrics (runs on the driver).
+
+    Every step is idempotent for a replayed ``batch_id`` (see the module docstring).
+    """
+
+    settings: Settings
+    checkpoint: str
+    recorder: MetricsRecorder
+    online: bool = True
+    snapshots: bool = True
+    _batch_log: BatchLog | None = field(default=None, init=False, repr=False)
+    _online: Any = field(default=None, init=False, repr=False)
+
+    def _log(self, spark: SparkSession) -> BatchLog:
+        if self._batch_log is None:
+            self._batch_log = BatchLog(spark, self.checkpoint,
+                                       retain=self.settings.stream_batch_log_retain)
+        return self._batch_log
+
+    def _online_writer(self) -> Any:
+        if self._online is None:
+            from pipelines.streaming.online import OnlineFeatures
+
+            self._online = OnlineFeatures(self.settings)
+        return self._online
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        started = time.time()
+        spark = batch.sparkSession
+        batch_log = self._log(spark)
+        previous = batch_log.latest_before(batch_id)
+        prev_clock = previous.clock_us if previous else None
+        lateness_us = self.settings.feature_allowed_lateness_seconds * 1_000_000
+
+        # a. late split against the clock of the batch before (deterministic on replay);
+        # localCheckpoint materializes the batch once and cuts the (large) validation
+        # plan out of the lineage, so the many small plans below stay cheap to analyze
+        valid = F.col("reason").isNull()
+        if prev_clock is None:
+            late = F.lit(False)
+        else:
+            late = valid & (F.unix_micros("event_time") < F.lit(prev_clock - lateness_us))
+        checked = batch.select(*_BATCH_COLUMNS, late.alias("_late")).localCheckpoint(eager=True)
+        on_time = valid & ~F.col("_late")
+        et = F.when(on_time, F.unix_micros("event_time"))
+        stats = checked.agg(
+            F.count(F.lit(1)).alias("rows"),
+            F.sum(F.when(~valid, 1).otherwise(0)).alias("invalid"),
+            F.sum(F.when(F.col("_late"), 1).otherwise(0)).alias("late"),
+            F.sum(F.when(on_time & (F.col("event_type") == "purchase"), 1).otherwise(0)).alias(
+                "purchases"),
+            F.max(et).alias("max_us"),
+            F.min(et).alias("min_us"),
+            F.percentile_approx(et, [0.01, 0.5], 1000).alias("pct_us"),
+        ).first()
+        assert stats is not None
+        rows = int(stats["rows"] or 0)
+        invalid = int(stats["invalid"] or 0)
+        n_late = int(stats["late"] or 0)
+        n_on_time = rows - invalid - n_late
+        clock = prev_clock
+        if stats["max_us"] is not None:
+            clock = max(prev_clock or stats["max_us"], stats["max_us"])
+        snapshot_tile = previous.snapshot_tile if previous else None
+
+        online_done: float | None = None
+        try:
+            if rows:
+                events = checked.where(on_time).select(
+                    "event_id", "event_type", "event_time", "user_id", "session_id", "item_id",
+                    "category_id", "region", "price", "quantity", "device")
+                # b. online first: it is the latency-sensitive path
+                if self.online and clock is not None:
+                    snapshot_tile = self._online_writer().apply(
+                        spark, events, batch_id=batch_id, as_of_us=clock, prev_as_of_us=prev_clock,
+                        has_events=n_on_time > 0, has_purchases=int(stats["purchases"] or 0) > 0,
+                        snapshot_tile=snapshot_tile, snapshots=self.snapshots,
+                        batch_log=batch_log)
+                    online_done = time.time()
+                # c. the Parquet sinks, each batch replacing its own files on a replay
+                if n_on_time:
+                    write_events_batch(events, self.settings, batch_id)
+                if invalid or n_late:
+                    write_quarantine_batch(
+                        quarantine_rows(checked.where(~valid | F.col("_late"))), self.settings,
+                        batch_id)
+            batch_log.write(BatchRecord(batch_id, clock, snapshot_tile))
+        finally:
+            release(checked)
+
+        freshness = None
+        if online_done is not None and stats["max_us"] is not None:
+            done_us = int(online_done * 1_000_000)
+            p01, p50 = stats["pct_us"]
+            freshness = ((done_us - p50) / 1e6, (done_us - p01) / 1e6,
+                         (done_us - stats["min_us"]) / 1e6)
+        self.recorder.record_batch(BatchStats(
+            batch_id=batch_id, rows=rows, valid=rows - invalid, quarantined=invalid + n_late,
+            late=n_late, on_time=n_on_time, clock_us=clock, freshness_s=freshness,
+            foreach_seconds=time.time() - started,
+        ))
+
+
+# ------------------------------------------------------------------- run
+def _spark_for(settings: Settings) -> SparkSession:
+    import os
+    import sys
+
+    from pipelines.spark import spark_session
+
+    # Python workers must be this interpreter (the venv with redis, feast, ...);
+    # pyspark only looks at PYSPARK_PYTHON, read when the SparkContext starts.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    return spark_session(settings, app_name="shopstream-stream")
+
+
+def start_stream(spark: SparkSession, settings: Settings, options: StreamOptions,
+                 recorder: MetricsRecorder) -> StreamingQuery:
+    """Build and start the micro-batch query (returns at once)."""
+    checkpoint = query_checkpoint(settings)
+    records = checked_records(read_kafka(spark, settings), settings)
+    processor = BatchProcessor(settings, checkpoint, recorder, online=options.online,
+                               snapshots=options.snapshots)
+    writer = (
+        records.writeStream.queryName(QUERY_NAME)
+        .option("checkpointLocation", checkpoint)
+        .foreachBatch(processor)
+    )
+    if options.stop == "available_now":
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=f"{settings.stream_trigger_seconds} seconds")
+    return writer.start()
+
+
+def _caught_up(query: StreamingQuery) -> bool:
+    """True when no batch is running, no new data is waiting, and a batch has completed."""
+    status = query.status
+    if status.get("isDataAvailable") or status.get("isTriggerActive"):
+        return False
+    return query.lastProgress is not None
+
+
+def run_stream(settings: Settings, options: StreamOptions | None = None,
+               spark: SparkSession | None = None,
+               on_started: Callable[[StreamingQuery], None] | None = None) -> MetricsRecorder:
+    """Run the streaming job until it is stopped (or caught up, per ``options``).
+
+    Returns the metrics recorder (per-batch figures and totals of this run).
+    """
+    options = options or StreamOptions()
+    spark = spark or _spark_for(settings)
+    recorder = MetricsRecorder(settings)
+    listener = ProgressListener(recorder)
+    spark.streams.addListener(listener)
+    rtm = None
+    try:
+        if settings.stream_mode == "realtime" and options.online:
+            from pipelines.streaming.realtime import start_realtime
+
+            rtm = start_realtime(spark, settings)
+            options = StreamOptions(stop=options.stop, idle_seconds=options.idle_seconds,
+                                    online=False, snapshots=False,
+                                    timeout_seconds=options.timeout_seconds)
+        query = start_stream(spark, settings, options, recorder)
+        log.info("stream %s started: topic %s, checkpoint %s, trigger %s", QUERY_NAME,
+                 settings.kafka_topic_events, query_checkpoint(settings),
+                 "availableNow" if options.stop == "available_now"
+                 else f"{settings.stream_trigger_seconds}s")
+        if on_started is not None:
+            on_started(query)
+        _wait(query, options, extra=rtm)
+    finally:
+        spark.streams.removeListener(listener)
+        recorder.flush()
+    return recorder
+
+
+def _wait(query: StreamingQuery, options: StreamOptions, extra: Any = None) -> None:
+    deadline = time.monotonic() + options.timeout_seconds if options.timeout_seconds else None
+    idle_since: float | None = None
+    stop_event = threading.Event()
+    try:
+        while query.isActive:
+            if query.awaitTermination(0.5):
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                log.warning("stream: timeout after %.0f s, stopping", options.timeout_seconds)
+                break
+            if options.stop == "idle":
+                if _caught_up(query) and (extra is None or extra.caught_up()):
+                    idle_since = idle_since or time.monotonic()
+                    if time.monotonic() - idle_since >= options.idle_seconds:
+                        log.info("stream: no new input for %.0f s, stopping", options.idle_seconds)
+                        break
+                else:
+                    idle_since = None
+    finally:
+        stop_event.set()
+        if query.isActive:
+            query.stop()
+        if extra is not None:
+            extra.stop()
+    exc = query.exception()
+    if exc is not None:
+        raise exc

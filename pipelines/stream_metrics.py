@@ -1,0 +1,342 @@
+"""Operability of the streaming job: one INFO line per micro-batch and the figures behind it.
+
+Two sources meet per batch:
+
+* the ``foreachBatch`` function reports what only it knows (:class:`BatchStats`:
+  quarantined and late rows, the event-time clock, freshness = online write
+  time minus event time, p50 / p99 / max);
+* a :class:`ProgressListener` (Spark's ``StreamingQueryListener``) reports what
+  Spark measured (input rows, rows/s, batch duration, state rows, duplicates
+  dropped).
+
+:class:`MetricsRecorder` joins them by batch id, logs one line, and publishes:
+
+* Redis hash :func:`features.online_keys.stream_progress_key` (the job owns it,
+  rewrites it every batch; ``shopstream status`` reads it);
+* ``<data_dir>/stream/progress.json`` (local data dir), the same figures;
+* a Prometheus textfile (node-exporter textfile collector format), atomically
+  replaced: ``stream_metrics_textfile`` or ``<data_dir>/stream/shopstream_stream.prom``.
+
+Publishing never fails the job: an unreachable Redis costs a warning, not a batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from features.online_keys import stream_progress_key
+from pipelines.settings import Settings
+
+try:  # the listener base class; keep this module importable without pyspark
+    from pyspark.sql.streaming import StreamingQueryListener as _ListenerBase
+except ImportError:  # pragma: no cover
+    _ListenerBase = object  # type: ignore[assignment,misc]
+
+__all__ = [
+    "BatchStats",
+    "BatchMetrics",
+    "MetricsRecorder",
+    "ProgressListener",
+    "progress_path",
+    "textfile_path",
+    "read_progress",
+    "format_batch_line",
+    "prometheus_text",
+]
+
+log = logging.getLogger(__name__)
+
+PREFIX = "shopstream_stream"
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """What ``foreachBatch`` measured for one batch."""
+
+    batch_id: int
+    rows: int
+    valid: int
+    quarantined: int
+    late: int
+    on_time: int
+    clock_us: int | None
+    freshness_s: tuple[float, float, float] | None
+    """(p50, p99, max) of online write time minus event time, over the on-time events."""
+    foreach_seconds: float
+
+
+@dataclass(frozen=True)
+class BatchMetrics:
+    """One batch's figures, as published (Spark's progress joined with :class:`BatchStats`)."""
+
+    batch_id: int
+    input_rows: int
+    input_rows_per_second: float
+    processed_rows_per_second: float
+    batch_duration_ms: int
+    quarantined: int
+    late: int
+    duplicates_dropped: int
+    on_time: int
+    freshness_p50_s: float | None
+    freshness_p99_s: float | None
+    freshness_max_s: float | None
+    clock: str | None
+    state_rows: int
+    timestamp: str
+    mode: str = "microbatch"
+
+    def as_fields(self) -> dict[str, str]:
+        return {k: "" if v is None else str(v) for k, v in asdict(self).items()}
+
+
+@dataclass
+class Totals:
+    batches: int = 0
+    input_rows: int = 0
+    quarantined: int = 0
+    late: int = 0
+    duplicates_dropped: int = 0
+    on_time: int = 0
+
+
+def progress_path(settings: Settings) -> Path | None:
+    """``<data_dir>/stream/progress.json`` for a local data dir, else ``None``."""
+    if not settings.is_local_data_dir:
+        return None
+    return Path(settings.data_path("stream", "progress.json"))
+
+
+def textfile_path(settings: Settings) -> Path | None:
+    """The Prometheus textfile, or ``None`` (remote data dir and no explicit setting)."""
+    if settings.stream_metrics_textfile:
+        return Path(settings.stream_metrics_textfile)
+    if not settings.is_local_data_dir:
+        return None
+    return Path(settings.data_path("stream", "shopstream_stream.prom"))
+
+
+def _fmt_s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"
+
+
+def format_batch_line(m: BatchMetrics) -> str:
+    """The one INFO line per batch."""
+    fresh = (f"freshness p50 {_fmt_s(m.freshness_p50_s)} p99 {_fmt_s(m.freshness_p99_s)} "
+             f"max {_fmt_s(m.freshness_max_s)}")
+    return (f"batch {m.batch_id}: {m.input_rows} rows in {m.batch_duration_ms / 1000:.2f}s "
+            f"({m.processed_rows_per_second:,.0f} rows/s), {m.on_time} on time, "
+            f"{m.quarantined} quarantined ({m.late} late), {m.duplicates_dropped} duplicates, "
+            f"{fresh}, clock {m.clock or '-'}")
+
+
+def prometheus_text(m: BatchMetrics, totals: Totals) -> str:
+    """The node-exporter textfile for the latest batch and the run's totals."""
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+        lines.append(f"# HELP {PREFIX}_{name} {help_}")
+        lines.append(f"# TYPE {PREFIX}_{name} {kind}")
+        for labels, value in samples:
+            lines.append(f"{PREFIX}_{name}{labels} {value:g}")
+
+    metric("batch_id", "gauge", "Id of the latest micro-batch.", [("", m.batch_id)])
+    metric("input_rows", "gauge", "Rows read by the latest batch.", [("", m.input_rows)])
+    metric("input_rows_per_second", "gauge", "Input rate of the latest batch.",
+           [("", m.input_rows_per_second)])
+    metric("processed_rows_per_second", "gauge", "Processing rate of the latest batch.",
+           [("", m.processed_rows_per_second)])
+    metric("batch_duration_seconds", "gauge", "Duration of the latest batch.",
+           [("", m.batch_duration_ms / 1000)])
+    fresh = [(f'{{quantile="{q}"}}', v) for q, v in
+             (("0.5", m.freshness_p50_s), ("0.99", m.freshness_p99_s), ("1", m.freshness_max_s))
+             if v is not None]
+    if fresh:
+        metric("freshness_seconds", "gauge",
+               "Online write time minus event time over the latest batch's events.", fresh)
+    metric("state_rows", "gauge", "Rows in the dedup state store.", [("", m.state_rows)])
+    for name, value, help_ in (
+        ("batches_total", totals.batches, "Micro-batches completed by this run."),
+        ("input_rows_total", totals.input_rows, "Rows read by this run."),
+        ("quarantined_rows_total", totals.quarantined, "Rows sent to the quarantine (incl. late)."),
+        ("late_rows_total", totals.late, "Valid events later than the allowed lateness."),
+        ("duplicate_rows_total", totals.duplicates_dropped, "Duplicate events dropped."),
+        ("on_time_rows_total", totals.on_time, "Events written to the stores."),
+    ):
+        metric(name, "counter", help_, [("", value)])
+    if m.clock:
+        clock = datetime.fromisoformat(m.clock).timestamp()
+        metric("event_time_clock_seconds", "gauge", "Max event time accepted (epoch s).",
+               [("", clock)])
+    metric("last_batch_timestamp_seconds", "gauge", "When the latest batch was published.",
+           [("", datetime.fromisoformat(m.timestamp).timestamp())])
+    return "\n".join(lines) + "\n"
+
+
+def read_progress(settings: Settings, client: Any | None = None) -> dict[str, str]:
+    """The latest published figures: from Redis, else from the JSON file; ``{}`` if none."""
+    try:
+        if client is None:
+            from pipelines.connections import redis_client
+
+            client = redis_client(settings, timeout_ms=1000)
+        raw = client.hgetall(stream_progress_key())
+        if raw:
+            return {k.decode(): v.decode() for k, v in raw.items()}
+    except Exception as exc:  # noqa: BLE001 - status must work with Redis down
+        log.debug("stream progress not readable from Redis: %s", exc)
+    path = progress_path(settings)
+    if path is not None and path.exists():
+        doc = json.loads(path.read_text())
+        return {k: "" if v is None else str(v) for k, v in doc.get("latest", {}).items()}
+    return {}
+
+
+@dataclass
+class MetricsRecorder:
+    """Joins per-batch stats with Spark's progress and publishes them (thread-safe)."""
+
+    settings: Settings
+    mode: str = "microbatch"
+    history: deque[BatchMetrics] = field(default_factory=lambda: deque(maxlen=10_000))
+    totals: Totals = field(default_factory=Totals)
+    _stats: dict[int, BatchStats] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _client: Any = None
+
+    def record_batch(self, stats: BatchStats) -> None:
+        """Called by ``foreachBatch`` at the end of a batch."""
+        with self._lock:
+            self._stats[stats.batch_id] = stats
+
+    def batch_stats(self) -> list[BatchStats]:
+        with self._lock:
+            return [self._stats[k] for k in sorted(self._stats)]
+
+    def on_progress(self, progress: dict[str, Any]) -> BatchMetrics | None:
+        """Called by the listener with ``StreamingQueryProgress.json`` as a dict."""
+        batch_id = int(progress.get("batchId", -1))
+        with self._lock:
+            stats = self._stats.get(batch_id)
+        if stats is None:
+            return None  # a no-data batch that foreachBatch never saw, or another query
+        state_rows = 0
+        duplicates = 0
+        for op in progress.get("stateOperators", []):
+            state_rows += int(op.get("numRowsTotal", 0))
+            custom = op.get("customMetrics", {})
+            duplicates += int(custom.get("numDroppedDuplicateRows", 0))
+        fresh = stats.freshness_s or (None, None, None)
+        clock = (datetime.fromtimestamp(stats.clock_us / 1e6, tz=UTC).isoformat()
+                 if stats.clock_us is not None else None)
+        metrics = BatchMetrics(
+            batch_id=batch_id,
+            input_rows=int(progress.get("numInputRows", stats.rows)),
+            input_rows_per_second=float(progress.get("inputRowsPerSecond") or 0.0),
+            processed_rows_per_second=float(progress.get("processedRowsPerSecond") or 0.0),
+            batch_duration_ms=int(progress.get("batchDuration", 0)),
+            quarantined=stats.quarantined,
+            late=stats.late,
+            duplicates_dropped=duplicates,
+            on_time=stats.on_time,
+            freshness_p50_s=fresh[0],
+            freshness_p99_s=fresh[1],
+            freshness_max_s=fresh[2],
+            clock=clock,
+            state_rows=state_rows,
+            timestamp=datetime.now(UTC).isoformat(),
+            mode=self.mode,
+        )
+        with self._lock:
+            self.history.append(metrics)
+            self._stats.pop(batch_id, None)
+            t = self.totals
+            t.batches += 1
+            t.input_rows += metrics.input_rows
+            t.quarantined += metrics.quarantined
+            t.late += metrics.late
+            t.duplicates_dropped += metrics.duplicates_dropped
+            t.on_time += metrics.on_time
+        log.info(format_batch_line(metrics))
+        self.publish(metrics)
+        return metrics
+
+    def latest(self) -> BatchMetrics | None:
+        with self._lock:
+            return self.history[-1] if self.history else None
+
+    # -- publishing
+    def publish(self, m: BatchMetrics) -> None:
+        fields = m.as_fields()
+        fields.update({f"total_{k}": str(v) for k, v in asdict(self.totals).items()})
+        try:
+            if self._client is None:
+                from pipelines.connections import redis_client
+
+                self._client = redis_client(self.settings, timeout_ms=2000)
+            self._client.hset(stream_progress_key(), mapping=fields)
+        except Exception as exc:  # noqa: BLE001 - metrics never fail the job
+            log.warning("stream metrics: Redis write failed: %s", exc)
+            self._client = None
+        try:
+            self._write_files(m)
+        except OSError as exc:
+            log.warning("stream metrics: file write failed: %s", exc)
+
+    def _write_files(self, m: BatchMetrics) -> None:
+        path = progress_path(self.settings)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            doc = {"latest": asdict(m), "totals": asdict(self.totals)}
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(doc, indent=2))
+            tmp.replace(path)
+        prom = textfile_path(self.settings)
+        if prom is not None:
+            prom.parent.mkdir(parents=True, exist_ok=True)
+            tmp = prom.with_name(prom.name + ".tmp")
+            tmp.write_text(prometheus_text(m, self.totals))
+            tmp.replace(prom)
+
+    def flush(self) -> None:
+        """Close the Redis client (the latest figures are already published)."""
+        if self._client is not None:
+            try:
+                self._client.close()
+            finally:
+                self._client = None
+
+
+class ProgressListener(_ListenerBase):  # type: ignore[misc,valid-type]
+    """Spark's ``StreamingQueryListener``, forwarding each batch's progress to the recorder."""
+
+    def __init__(self, recorder: MetricsRecorder, query_names: tuple[str, ...] | None = None) -> None:
+        self.recorder = recorder
+        self.query_names = query_names
+
+    def onQueryStarted(self, event: Any) -> None:
+        log.debug("query started: %s (%s)", event.name, event.id)
+
+    def onQueryProgress(self, event: Any) -> None:
+        try:
+            progress = json.loads(event.progress.json)
+            if self.query_names and progress.get("name") not in self.query_names:
+                return
+            self.recorder.on_progress(progress)
+        except Exception:  # noqa: BLE001 - a listener must not break the query
+            log.exception("stream metrics: progress handling failed")
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        if event.exception:
+            log.error("query %s terminated: %s", event.id, event.exception.splitlines()[0])
+
