@@ -27,7 +27,14 @@ import mlflow
 import pandas as pd
 
 from pipelines.settings import Settings
-from training.data import Interactions, Split, make_split, read_interactions_file, read_offline_events, validation_split
+from training.data import (
+    Interactions,
+    Split,
+    make_split,
+    read_interactions_file,
+    read_offline_events,
+    validation_split,
+)
 from training.evaluate import ModelResult, comparison_table, evaluate_external, select_and_fit
 from training.metrics import metric_key, parse_metric
 from training.models import BASELINE, MODELS, LearningToRank, Recommender
@@ -42,7 +49,13 @@ from training.registry import (
     register_version,
     rollback,
 )
-from training.scoring import ScoringStats, has_version, rollback_live, switch_live, write_recommendations
+from training.scoring import (
+    ScoringStats,
+    has_version,
+    rollback_live,
+    switch_live,
+    write_recommendations,
+)
 
 __all__ = [
     "TrainOptions",

@@ -19,7 +19,13 @@ from mlflow import MlflowClient
 from features.online_keys import REC_TTL, similar_items_key, user_recs_key
 from pipelines.offline_store import events_path
 from pipelines.settings import Settings
-from training.experiment import TrainOptions, TrainReport, promote_version, rollback_champion, run_training
+from training.experiment import (
+    TrainOptions,
+    TrainReport,
+    promote_version,
+    rollback_champion,
+    run_training,
+)
 from training.registry import CHALLENGER, CHAMPION, PREVIOUS, alias_version
 from training.sample import sample_events, write_offline_events
 from training.scoring import live_version, previous_version

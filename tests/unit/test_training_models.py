@@ -8,9 +8,26 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from training.data import Split, TrainingData, interactions_from_events, make_split, make_training_data, validation_split
+from training.data import (
+    Split,
+    TrainingData,
+    interactions_from_events,
+    make_split,
+    make_training_data,
+    validation_split,
+)
 from training.evaluate import evaluate, evaluate_external, select_and_fit
-from training.models import ALS, EASE, MODELS, ItemKNN, LearningToRank, Popularity, Recommender, RegionalPopularity, make_model
+from training.models import (
+    ALS,
+    EASE,
+    MODELS,
+    ItemKNN,
+    LearningToRank,
+    Popularity,
+    Recommender,
+    RegionalPopularity,
+    make_model,
+)
 from training.models.base import top_k
 from training.models.ease import ease_weights
 from training.sample import sample_events
