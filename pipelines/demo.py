@@ -1,80 +1,261 @@
 """``shopstream demo``: the whole story on local defaults, one stage after another.
 
-Each stage is a small function that prints what it did; the demo starts the
-local servers itself and stops what it started unless ``keep_running``.
+The demo runs the same commands a user would (``shopstream replay``, ``stream``,
+``backfill``, ``train``, ``serve``) as child processes, printing each command
+before it runs, so the output doubles as a tutorial. It starts the local servers
+itself, begins from a clean slate (its own data from an earlier demo is removed),
+and stops everything it started unless ``keep_running``.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from rich.console import Console
 from rich.rule import Rule
+from rich.table import Table
 
 from pipelines.settings import Settings
 
-__all__ = ["run_demo", "DemoContext"]
+__all__ = ["run_demo", "DemoContext", "DemoError"]
 
 log = logging.getLogger(__name__)
 console = Console()
+
+GENERATED_EVENTS = 200_000
+BURST_VIEWS = 12
+
+
+class DemoError(RuntimeError):
+    """A stage failed; the message names the command and where its output went."""
 
 
 @dataclass
 class DemoContext:
     settings: Settings
     started_infra: bool = False
-    notes: dict[str, object] = field(default_factory=dict)
+    api: Any = None
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.settings.api_host}:{self.settings.api_port}"
 
 
+def _shopstream(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pipelines.cli", *args]
+
+
+def _run(ctx: DemoContext, *args: str, timeout: float = 600) -> None:
+    """Run one ``shopstream`` command, its output streaming to the terminal."""
+    console.print(f"[bold cyan]$ shopstream {' '.join(args)}[/bold cyan]")
+    result = subprocess.run(_shopstream(*args), timeout=timeout, check=False)
+    if result.returncode != 0:
+        raise DemoError(f"`shopstream {' '.join(args)}` exited with status {result.returncode}")
+
+
+def _api_get(ctx: DemoContext, path: str, **params: Any) -> dict[str, Any]:
+    import httpx
+
+    headers = {}
+    if ctx.settings.api_key is not None:
+        headers["X-API-Key"] = ctx.settings.api_key.get_secret_value()
+    response = httpx.get(ctx.api_url + path, params=params, headers=headers, timeout=5)
+    response.raise_for_status()
+    return response.json()
+
+
+# ------------------------------------------------------------------ stages
 def _stage_infra(ctx: DemoContext) -> None:
     from pipelines import infra
     from pipelines.infra import KafkaBroker, RedisServer
 
-    already = KafkaBroker(ctx.settings).process.is_running() and RedisServer(ctx.settings).process.is_running()
+    running = KafkaBroker(ctx.settings).process.is_running() or RedisServer(ctx.settings).process.is_running()
+    if not running and ctx.settings.is_local_data_dir:
+        # A clean slate: the topic, Redis, the offline store and checkpoints of an earlier demo.
+        infra.down(ctx.settings, purge=True)
+        for part in ("offline", "checkpoints", "feast", "mlflow", "stream"):
+            shutil.rmtree(ctx.settings.data_path(part), ignore_errors=True)
     infra.up(ctx.settings)
-    ctx.started_infra = not already
+    ctx.started_infra = not running
     console.print(f"Kafka on {ctx.settings.kafka_bootstrap_servers}, Redis on {ctx.settings.redis_url_redacted}")
 
 
 def _stage_replay(ctx: DemoContext) -> None:
-    from pipelines.replay import run_replay
-
-    run_replay(ctx.settings, path=None, preset="online-retail", mapping=[], speedup=None, limit=None, output=None)
+    _run(ctx, "replay", "--preset", "online-retail")
 
 
 def _stage_generate(ctx: DemoContext) -> None:
-    from pipelines.generate import GeneratorConfig, run_generate
-
-    run_generate(
-        ctx.settings,
-        GeneratorConfig(seed=42, users=5_000, items=2_000, categories=30, bad_fraction=0.01),
-        count=200_000, duration=None, rate=None, start_time=None, output=None,
-    )
+    _run(ctx, "generate", "--count", str(GENERATED_EVENTS), "--seed", "42", "--users", "5000",
+         "--items", "2000", "--categories", "30", "--bad-fraction", "0.01")
 
 
-def _stage_count(ctx: DemoContext) -> None:
-    from pipelines.infra.kafka_broker import topic_message_counts
+def _stage_stream(ctx: DemoContext) -> None:
+    _run(ctx, "stream", "--available-now")
 
-    [info] = topic_message_counts(ctx.settings, [ctx.settings.kafka_topic_events])
-    ctx.notes["messages"] = info.messages
-    console.print(
-        f"topic [bold]{info.name}[/bold]: {info.messages:,} messages in {info.partitions} partitions"
-    )
+
+def _stage_backfill(ctx: DemoContext) -> None:
+    # The generated stream covers the last minutes; backfill the last day of it.
+    since = (datetime.now(UTC) - timedelta(hours=1)).replace(minute=0, second=0, microsecond=0)
+    _run(ctx, "backfill", "--since", since.isoformat(), "--every", "30")
+
+
+def _stage_train(ctx: DemoContext) -> None:
+    _run(ctx, "train", "--model", "all", timeout=900)
+
+
+def _stage_serve(ctx: DemoContext) -> None:
+    import httpx
+
+    from pipelines.infra.process import ManagedProcess, wait_until
+
+    run = ctx.settings.run_path / "api"
+    ctx.api = ManagedProcess("api", run / "api.pid", run / "api.log")
+    console.print("[bold cyan]$ shopstream serve[/bold cyan]  (in the background)")
+    ctx.api.start(_shopstream("serve"))
+    wait_until(lambda: httpx.get(ctx.api_url + "/readyz", timeout=2).status_code == 200,
+               timeout=60, what="the API", alive=ctx.api.is_running, log_file=ctx.api.log_file)
+    console.print(f"API ready at {ctx.api_url} (docs: {ctx.api_url}/docs)")
+
+
+def _stage_top_sellers(ctx: DemoContext) -> None:
+    overall = _api_get(ctx, "/v1/top-sellers", window="24h", k=10)
+    regions = _regions(ctx)
+    table = Table(title="Top sellers, last 24 h (units), by region")
+    table.add_column("region")
+    table.add_column("top 3 items (units)")
+    for region in regions[:6]:
+        answer = _api_get(ctx, "/v1/top-sellers", window="24h", region=region, k=3)
+        table.add_row(region, ", ".join(f"{i['item_id']} ({i['score']:.0f})" for i in answer["items"]))
+    table.add_row("[bold]global[/bold]", ", ".join(
+        f"{i['item_id']} ({i['score']:.0f})" for i in overall["items"][:3]))
+    console.print(table)
+
+
+def _regions(ctx: DemoContext) -> list[str]:
+    from pipelines.clickstream_model import REGIONS
+
+    return [name for name, _weight in REGIONS]
+
+
+def _recommendations(ctx: DemoContext, user_id: str) -> dict[str, Any]:
+    return _api_get(ctx, f"/v1/users/{user_id}/recommendations", k=10)
+
+
+def _item_categories(ctx: DemoContext, items: list[str]) -> dict[str, str]:
+    from features.online_keys import item_meta_key
+    from pipelines.connections import redis_client
+
+    client = redis_client(ctx.settings, timeout_ms=2000)
+    pipe = client.pipeline(transaction=False)
+    for item in items:
+        pipe.hget(item_meta_key(item), "category_id")
+    values = pipe.execute()
+    client.close()
+    return {item: (v.decode() if v else "?") for item, v in zip(items, values, strict=True)}
+
+
+def _stage_live_clicks(ctx: DemoContext) -> None:
+    from features.events import event_to_json
+    from pipelines.connections import kafka_producer
+
+    user_id = _a_known_user(ctx)
+    before = _recommendations(ctx, user_id)
+    before_items = [i["item_id"] for i in before["items"]]
+    categories = _item_categories(ctx, before_items)
+    seen = set(categories.values())
+    top = _api_get(ctx, "/v1/top-sellers", window="24h", k=100)["items"]
+    top_categories = _item_categories(ctx, [i["item_id"] for i in top])
+    new_category = next((c for c in top_categories.values() if c not in seen and c != "?"), None)
+    if new_category is None:
+        console.print("no category outside this user's recommendations to click in; skipping")
+        return
+    targets = [i["item_id"] for i in _api_get(ctx, "/v1/top-sellers", window="24h",
+                                               category=new_category, k=BURST_VIEWS)["items"]]
+    now = datetime.now(UTC)
+    producer = kafka_producer(ctx.settings)
+    for n, item in enumerate((targets * BURST_VIEWS)[:BURST_VIEWS]):
+        event = {
+            "event_id": f"demo-burst-{now:%Y%m%d%H%M%S}-{n}", "event_type": "view",
+            "event_time": now + timedelta(milliseconds=n), "user_id": user_id,
+            "session_id": f"demo-{now:%H%M%S}", "item_id": item, "category_id": new_category,
+            "region": before.get("region") or "United Kingdom", "device": "mobile",
+        }
+        producer.send(ctx.settings.kafka_topic_events, key=user_id.encode(), value=event_to_json(event))
+    producer.flush()
+    producer.close()
+    console.print(f"user [bold]{user_id}[/bold] viewed {BURST_VIEWS} items of category "
+                  f"[bold]{new_category}[/bold], new to their recommendations; streaming them:")
+    _stage_stream(ctx)
+    after = _recommendations(ctx, user_id)
+    after_items = [i["item_id"] for i in after["items"]]
+    after_categories = _item_categories(ctx, after_items)
+    table = Table(title=f"Recommendations for {user_id}: before and after the live clicks")
+    table.add_column("#", justify="right")
+    table.add_column("before (category, source)")
+    table.add_column("after (category, source)")
+    for rank in range(max(len(before_items), len(after_items))):
+        def cell(items: list[dict[str, Any]], cats: dict[str, str]) -> str:
+            if rank >= len(items):
+                return ""
+            item = items[rank]
+            text = f"{item['item_id']} ({cats.get(item['item_id'], '?')}, {item['source']})"
+            return f"[green]{text}[/green]" if cats.get(item["item_id"]) == new_category else text
+        table.add_row(str(rank + 1), cell(before["items"], categories), cell(after["items"], after_categories))
+    console.print(table)
+    n_before = sum(1 for c in categories.values() if c == new_category)
+    n_after = sum(1 for c in after_categories.values() if c == new_category)
+    console.print(f"items of category {new_category}: {n_before} before, {n_after} after "
+                  f"(features {after.get('freshness', {})})")
+    ctx.notes["burst"] = {"user": user_id, "category": new_category, "before": n_before, "after": n_after}
+
+
+def _a_known_user(ctx: DemoContext) -> str:
+    from features.online_keys import key
+    from pipelines.connections import redis_client
+
+    client = redis_client(ctx.settings, timeout_ms=2000)
+    live = client.get(key("model", "live"))
+    pattern = key("rec", (live or b"*").decode(), "user", "*")
+    for raw in client.scan_iter(match=pattern, count=1000):
+        user = raw.decode().rsplit(":", 1)[-1]
+        if user.startswith("u"):
+            client.close()
+            from urllib.parse import unquote
+
+            return unquote(user)
+    client.close()
+    raise DemoError("no user with recommendations in Redis: did training publish a champion?")
+
+
+def _stage_summary(ctx: DemoContext) -> None:
+    _run(ctx, "status")
 
 
 STAGES: list[tuple[str, Callable[[DemoContext], None]]] = [
     ("Start Kafka and Redis", _stage_infra),
-    ("Replay the real Online Retail data set", _stage_replay),
-    ("Generate a synthetic clickstream (1% malformed)", _stage_generate),
-    ("Read back what the topic holds", _stage_count),
+    ("Replay the real Online Retail data set into Kafka", _stage_replay),
+    ("Generate a synthetic clickstream (1% malformed) into Kafka", _stage_generate),
+    ("Stream it: validate, quarantine, offline store, online features", _stage_stream),
+    ("Backfill features in batch (snapshots for training)", _stage_backfill),
+    ("Train, evaluate and register recommenders (MLflow)", _stage_train),
+    ("Serve the API", _stage_serve),
+    ("Top sellers per region", _stage_top_sellers),
+    ("A burst of live clicks changes one user's recommendations", _stage_live_clicks),
+    ("Streaming throughput, freshness and health", _stage_summary),
 ]
 
 
 def run_demo(settings: Settings, *, keep_running: bool = False) -> DemoContext:
-    """Run every stage in order; stop the servers it started unless ``keep_running``."""
+    """Run every stage in order; stop what it started unless ``keep_running``."""
     ctx = DemoContext(settings)
     started = time.monotonic()
     try:
@@ -84,14 +265,20 @@ def run_demo(settings: Settings, *, keep_running: bool = False) -> DemoContext:
             stage(ctx)
             console.print(f"[dim]({time.monotonic() - t0:.1f}s)[/dim]")
     finally:
-        if ctx.started_infra and not keep_running:
-            from pipelines import infra
+        if not keep_running:
+            if ctx.api is not None:
+                ctx.api.stop()
+            if ctx.started_infra:
+                from pipelines import infra
 
-            infra.down(settings)
-            console.print("stopped the servers the demo started (data kept under the data dir)")
+                infra.down(settings)
+                console.print("stopped the servers the demo started (data kept under the data dir)")
     console.print(Rule(f"demo finished in {time.monotonic() - started:.0f}s"))
     console.print(
-        "Next: `.venv/bin/shopstream infra up` then `.venv/bin/shopstream infra status`; "
-        "the README lists every command."
+        "Where to look next:\n"
+        f"  API docs       {ctx.api_url}/docs  (`shopstream demo --keep-running` leaves it up)\n"
+        f"  MLflow UI      .venv/bin/mlflow ui --backend-store-uri {settings.tracking_uri}\n"
+        "  status         .venv/bin/shopstream status\n"
+        "  everything     README.md"
     )
     return ctx
