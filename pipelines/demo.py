@@ -202,14 +202,16 @@ def _stage_live_clicks(ctx: DemoContext) -> None:
     table.add_column("#", justify="right")
     table.add_column("before (category, source)")
     table.add_column("after (category, source)")
+    def cell(items: list[dict[str, Any]], cats: dict[str, str], rank: int) -> str:
+        if rank >= len(items):
+            return ""
+        item = items[rank]
+        text = f"{item['item_id']} ({cats.get(item['item_id'], '?')}, {item['source']})"
+        return f"[green]{text}[/green]" if cats.get(item["item_id"]) == new_category else text
+
     for rank in range(max(len(before_items), len(after_items))):
-        def cell(items: list[dict[str, Any]], cats: dict[str, str]) -> str:
-            if rank >= len(items):
-                return ""
-            item = items[rank]
-            text = f"{item['item_id']} ({cats.get(item['item_id'], '?')}, {item['source']})"
-            return f"[green]{text}[/green]" if cats.get(item["item_id"]) == new_category else text
-        table.add_row(str(rank + 1), cell(before["items"], categories), cell(after["items"], after_categories))
+        table.add_row(str(rank + 1), cell(before["items"], categories, rank),
+                      cell(after["items"], after_categories, rank))
     console.print(table)
     n_before = sum(1 for c in categories.values() if c == new_category)
     n_after = sum(1 for c in after_categories.values() if c == new_category)
