@@ -19,6 +19,7 @@ from mlflow import MlflowClient
 from features.online_keys import REC_TTL, similar_items_key, user_recs_key
 from pipelines.offline_store import events_path
 from pipelines.settings import Settings
+from training.data import content_digest
 from training.experiment import (
     TrainOptions,
     TrainReport,
@@ -118,14 +119,14 @@ def test_run_records_datasets_models_metrics_and_plots(train_settings: Settings,
                     until="2026-10-08T00:00:00Z", register=False)
     assert report.version is None and live_version(redis_client) is None
     run = MlflowClient().get_run(report.run_id)
-    inputs = {i.tags[0].value if i.tags else "": i.dataset for i in run.inputs.dataset_inputs}
-    contexts = {next(t.value for t in i.tags if t.key == "mlflow.data.context") for i in run.inputs.dataset_inputs}
-    assert contexts == {"training", "validation", "testing"}
-    train_ds = next(i.dataset for i in run.inputs.dataset_inputs
-                    if any(t.key == "mlflow.data.context" and t.value == "training" for t in i.tags))
-    assert train_ds.digest == report.interactions.source.digest or len(train_ds.digest) == 16
-    assert "2026-10-02" in train_ds.name and events_path(train_settings) in train_ds.source
-    assert inputs
+    by_context = {next(t.value for t in i.tags if t.key == "mlflow.data.context"): i.dataset
+                  for i in run.inputs.dataset_inputs}
+    assert set(by_context) == {"training", "validation", "testing"}
+    train_ds = by_context["training"]
+    assert train_ds.digest == content_digest(report.split.train.frame)
+    assert by_context["testing"].digest == content_digest(report.split.test_frame)
+    assert train_ds.name.startswith("interactions-train[2026-10-02")
+    assert events_path(train_settings) in train_ds.source
     params = run.data.params
     assert params["data.kind"] == "offline-store" and params["data.since"].startswith("2026-10-02")
     assert int(params["data.files"]) == len(report.interactions.source.files) > 0
