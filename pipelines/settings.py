@@ -192,8 +192,11 @@ class Settings(BaseSettings):
     """Connect timeout of the serving Redis pool (the pipelines' clients wait longer)."""
     serving_redis_max_connections: int = Field(default=32, ge=1, le=10_000)
     """Size of each serving process's Redis connection pool."""
+    serving_breaker_failures: int = Field(default=3, ge=1, le=1000)
+    """Consecutive failed Redis round trips after which serving stops trying for a while
+    (a single slow reply only degrades its own request)."""
     serving_breaker_cooldown_ms: int = Field(default=500, ge=0, le=600_000)
-    """After a Redis failure, answer from memory for this long before trying Redis again."""
+    """Once that many failed in a row, answer from memory for this long before trying again."""
     serving_refresh_seconds: float = Field(default=5.0, gt=0, le=3600)
     """Cadence of the API's background refresh of the last-known global top sellers."""
     serving_fallback_window: str = Field(default="24h", pattern=r"^(1h|24h)$")

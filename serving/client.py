@@ -245,10 +245,13 @@ class _Memory:
 
 
 class _Breaker:
-    """Open after a failure: skip Redis for ``cooldown_ms``, then let requests probe it."""
+    """Open after ``threshold`` failures in a row: skip Redis for ``cooldown_ms``, then let
+    requests probe it (one failed probe re-opens it, one success closes it)."""
 
-    def __init__(self, cooldown_ms: int) -> None:
+    def __init__(self, cooldown_ms: int, threshold: int = 1) -> None:
         self.cooldown_s = cooldown_ms / 1000.0
+        self.threshold = threshold
+        self.failures = 0
         self.open_until = 0.0
         self.is_open = False
 
@@ -257,12 +260,16 @@ class _Breaker:
 
     def failure(self) -> bool:
         """Record a failure; True when this opened the breaker (it was closed)."""
+        self.failures += 1
+        if self.failures < self.threshold:
+            return False
         self.open_until = time.monotonic() + self.cooldown_s
         was_open, self.is_open = self.is_open, True
         return not was_open
 
     def success(self) -> bool:
         """Record a success; True when this closed an open breaker."""
+        self.failures = 0
         if self.is_open:
             self.is_open = False
             return True
@@ -291,7 +298,7 @@ class _Core:
         self.live_seen = False
         self.categories = _TTLCache(settings.serving_item_cache_size, settings.serving_item_cache_ttl_seconds)
         self.memory = _Memory()
-        self.breaker = _Breaker(settings.serving_breaker_cooldown_ms)
+        self.breaker = _Breaker(settings.serving_breaker_cooldown_ms, settings.serving_breaker_failures)
 
     # --- bookkeeping ------------------------------------------------------
     def see_live(self, raw: Any) -> str | None:
@@ -309,6 +316,8 @@ class _Core:
         return version
 
     def on_success(self) -> None:
+        if self.breaker.failures == 0 and not self.breaker.is_open:
+            return  # the common case: nothing to record
         if self.breaker.success():
             log.warning("online store reachable again (%s); leaving degraded mode",
                         self.settings.redis_url_redacted)

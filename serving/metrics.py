@@ -19,7 +19,7 @@ Series
 ``shopstream_serving_redis_errors_total{kind}``
     ``timeout``, ``connection``, ``response``.
 ``shopstream_serving_redis_up``
-    0 while the circuit breaker is open.
+    1 after a successful Redis round trip, 0 after a failed one.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class ServingMetrics:
         )
         self.redis_up = Gauge(
             "shopstream_serving_redis_up",
-            "1 while Redis answers, 0 while serving from memory.",
+            "1 after a successful Redis round trip, 0 after a failed one.",
             registry=self.registry,
         )
         self.redis_up.set(1)
