@@ -142,3 +142,17 @@ def test_run_records_datasets_models_metrics_and_plots(train_settings: Settings,
     out = model.predict(__import__("pandas").DataFrame({"user_id": [str(report.split.train.user_ids[0])]}),
                         params={"k": 3})
     assert len(out) == 3
+
+
+def test_rollback_rescores_a_version_whose_lists_expired(train_settings: Settings, redis_client: Any) -> None:
+    first = _train(train_settings, "popularity")
+    _train(train_settings, "ease")
+    user = str(first.split.train.user_ids[0])
+    # version 1's lists are gone (as after REC_TTL): rollback must not switch to nothing
+    expired = list(redis_client.scan_iter(match=user_recs_key("1", "") + "*", count=1000))
+    expired += list(redis_client.scan_iter(match=similar_items_key("1", "") + "*", count=1000))
+    assert expired
+    redis_client.delete(*expired)
+    assert rollback_champion(train_settings) == ("2", "1")
+    assert (live_version(redis_client), previous_version(redis_client)) == ("1", "2")
+    assert redis_client.zcard(user_recs_key("1", user)) == 20
