@@ -326,11 +326,14 @@ def _train_feature_provider(settings: Settings) -> object | None:
 
 
 def _print_train_report(settings: Settings, report: object, link: str) -> None:
+    from training.experiment import TrainReport
     from training.metrics import metric_key, parse_metric
 
+    if not isinstance(report, TrainReport):
+        raise TypeError(f"expected a TrainReport, got {type(report).__name__}")
     _, k = parse_metric(settings.train_gate_metric)
-    table = Table(title=f"Test metrics @{k} ({report.split.kind} split, "  # type: ignore[attr-defined]
-                        f"{int(report.split.stats()['eval_users'])} users)")  # type: ignore[attr-defined]
+    table = Table(title=f"Test metrics @{k} ({report.split.kind} split, "
+                        f"{int(report.split.stats()['eval_users'])} users)")
     cols = ["ndcg", "precision", "recall", "map", "hit_rate", "coverage"]
     short = {"precision": "prec", "hit_rate": "hit", "coverage": "cover"}
     table.add_column("model", no_wrap=True)
@@ -338,22 +341,22 @@ def _print_train_report(settings: Settings, report: object, link: str) -> None:
         table.add_column(short.get(c, c), justify="right")
     table.add_column("val ndcg", justify="right")
     table.add_column("fit s", justify="right")
-    frame = report.table  # type: ignore[attr-defined]
+    frame = report.table
     for kind, row in frame.iterrows():
-        name = f"[bold]{kind}[/bold] *" if kind == report.best else str(kind)  # type: ignore[attr-defined]
+        name = f"[bold]{kind}[/bold] *" if kind == report.best else str(kind)
         val = row.get(f"validation_{metric_key('ndcg', k)}", float("nan"))
         table.add_row(name, *[f"{row[metric_key(c, k)]:.4f}" for c in cols],
                       "-" if val != val else f"{val:.4f}", f"{row['fit_seconds']:.1f}")
     out.print(table, width=max(out.width, 110))  # never squeeze the numbers, even in a pipe
-    out.print(f"* best on validation: {report.best}")  # type: ignore[attr-defined]
-    if report.version is not None:  # type: ignore[attr-defined]
-        decision = report.decision  # type: ignore[attr-defined]
-        out.print(f"registered {settings.model_name} version {report.version}: "  # type: ignore[attr-defined]
+    out.print(f"* best on validation: {report.best}")
+    if report.version is not None and report.decision is not None:
+        decision = report.decision
+        out.print(f"registered {settings.model_name} version {report.version}: "
                   f"{decision.tags()['gate.decision']} ({decision.reason})")
-        if report.scoring is not None:  # type: ignore[attr-defined]
-            s = report.scoring  # type: ignore[attr-defined]
+        if report.scoring is not None:
+            s = report.scoring
             out.print(f"live in Redis: version {s.version} ({s.keys} keys in {s.seconds:.1f}s)")
-    out.print(f"MLflow run {report.run_id}: {link}")  # type: ignore[attr-defined]
+    out.print(f"MLflow run {report.run_id}: {link}")
 
 
 @train_app.command("promote")
