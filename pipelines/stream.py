@@ -358,10 +358,23 @@ def _caught_up(query: StreamingQuery) -> bool:
 
 def run_stream(settings: Settings, options: StreamOptions | None = None,
                spark: SparkSession | None = None,
-               on_started: Callable[[StreamingQuery], None] | None = None) -> MetricsRecorder:
+               on_started: Callable[[StreamingQuery], None] | None = None,
+               stop_session: bool = False) -> MetricsRecorder:
     """Run the streaming job until it is stopped (or caught up, per ``options``).
 
-    Returns the metrics recorder (per-batch figures and totals of this run).
+    Parameters
+    ----------
+    spark
+        A session with the Kafka connector (default: one from settings).
+    on_started
+        Called with the micro-batch query once it runs (tests, benchmarks).
+    stop_session
+        Stop the Spark session at the end (the CLI; lets the listener bus drain).
+
+    Returns
+    -------
+    MetricsRecorder
+        Per-batch figures and totals of this run.
     """
     options = options or StreamOptions()
     spark = spark or _spark_for(settings)
@@ -386,7 +399,10 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
             on_started(query)
         _wait(query, options, extra=rtm)
     finally:
-        spark.streams.removeListener(listener)
+        if stop_session:
+            spark.stop()
+        else:
+            spark.streams.removeListener(listener)
         recorder.flush()
     return recorder
 

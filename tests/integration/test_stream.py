@@ -1,0 +1,375 @@
+"""The streaming job end to end: real Kafka, Spark, Redis; exactly once across kill -9.
+
+One fixed data set (generated store traffic with malformed records and
+duplicates mixed in, the contract's corpus, then a second wave with late
+events and a replayed duplicate). After streaming it, a user would check:
+
+* the raw offline store holds exactly the valid, deduplicated, on-time events;
+* the quarantine holds exactly the malformed and the late records, with the
+  contract's reason codes;
+* every sampled online feature equals the batch backfill's value
+  (``shopstream verify``: 100 %), and Feast's own ``get_online_features``
+  reads what the stream wrote;
+* the progress metrics say what happened.
+
+The kill test runs ``shopstream stream`` as a subprocess, SIGKILLs it (driver
+and JVM) twice in the middle of a micro-batch, restarts it, and requires the
+same results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from features.events import Event, validate_event
+from pipelines.settings import Settings
+from tests.corpus import CASES, NOW
+
+pytestmark = pytest.mark.integration
+
+# Python workers must import redis & co.: the venv's interpreter (read when the
+# SparkContext starts, so set at collection time, before the session fixture).
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+REPO = Path(__file__).resolve().parents[2]
+LATENESS_S = 3600
+GEN_START = datetime(2024, 6, 1, 11, 50, tzinfo=UTC)
+WAVE2_CLOCK = datetime(2024, 6, 1, 12, 6, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Sent:
+    key: bytes | None
+    value: bytes | None
+    ts_ms: int
+    late: bool = False
+
+
+def _ms(ts: datetime) -> int:
+    return int(ts.timestamp() * 1000)
+
+
+def _retimed_corpus() -> list[Sent]:
+    """The corpus, valid records given their own event ids and times inside the data set.
+
+    Times the cases are about (epoch millis, offsets, fractions, naive) keep their
+    form; only the hour moves next to the generated traffic, so no corpus record
+    is late whatever the micro-batch boundaries are.
+    """
+    moved = {
+        "valid_offset_time": "2024-06-01T13:58:00+02:00",
+        "valid_naive_time": "2024-06-01 11:58",
+        "valid_fraction": "2024-06-01T11:58:00.123456Z",
+    }
+    out = []
+    for i, (name, value, verdict) in enumerate(CASES):
+        if verdict is None:
+            doc = json.loads(value or b"")
+            doc["event_id"] = f"corpus-{i}"
+            doc["user_id"] = f"cu{i % 3}"
+            doc["item_id"] = f"ci{i % 4}"
+            if name in moved:
+                doc["event_time"] = moved[name]
+            value = json.dumps(doc).encode()
+        out.append(Sent(b"cu", value, _ms(NOW)))
+    return out
+
+
+def wave1() -> list[Sent]:
+    """Generated traffic (8 % malformed, duplicates) from 11:50, then the corpus."""
+    from pipelines.generate import GeneratorConfig, generate_records
+
+    config = GeneratorConfig(seed=7, users=40, items=25, categories=4, bad_fraction=0.08,
+                             nominal_rate=2.0)
+    records = [Sent(r.key, r.value, r.time_ms)
+               for r in generate_records(config, start_ms=_ms(GEN_START), count=1200)]
+    return records + _retimed_corpus()
+
+
+def _event(event_id: str, when: datetime, *, event_type: str = "view", user: str = "u-late",
+           item: str = "i-late", price: float | None = None) -> bytes:
+    doc: dict[str, Any] = {
+        "event_id": event_id, "event_type": event_type,
+        "event_time": when.isoformat().replace("+00:00", "Z"), "user_id": user,
+        "session_id": "s", "item_id": item, "category_id": "c-late", "region": "UK",
+        "device": "web",
+    }
+    if price is not None:
+        doc["price"] = price
+    return json.dumps(doc).encode()
+
+
+def wave2(first: list[Sent]) -> list[Sent]:
+    """After wave 1 is processed: late events, on-time ones, and a replayed duplicate."""
+    stamp = _ms(WAVE2_CLOCK)
+    late_time = datetime(2024, 6, 1, 9, 0, tzinfo=UTC)  # hours behind the clock
+    out = [Sent(b"u-late", _event(f"late-{i}", late_time + timedelta(minutes=i)), stamp, late=True)
+           for i in range(3)]
+    out += [
+        Sent(b"u-new", _event("w2-view", WAVE2_CLOCK, user="u-new", item="ci1"), stamp),
+        Sent(b"u-new", _event("w2-buy", WAVE2_CLOCK, event_type="purchase", user="u-new",
+                              item="ci1", price=12.5), stamp),
+    ]
+    replayed = next(s for s in first if s.value and b'"corpus-' in s.value)
+    out.append(Sent(replayed.key, replayed.value, stamp))  # same event_id again: a duplicate
+    return out
+
+
+@dataclass
+class Expected:
+    events: dict[str, Event]
+    quarantine: Counter[tuple[str, str | None, bytes | None]]
+    late: int
+    duplicates: int
+
+
+def expected_outcome(sent: list[Sent]) -> Expected:
+    """What the contract says: the Python validator, first occurrence of an event_id wins."""
+    events: dict[str, Event] = {}
+    quarantine: Counter[tuple[str, str | None, bytes | None]] = Counter()
+    late = duplicates = 0
+    for s in sent:
+        now = datetime.fromtimestamp(s.ts_ms / 1000, tz=UTC)
+        verdict = validate_event(s.value, now=now)
+        if not isinstance(verdict, Event):
+            quarantine[(verdict.reason.value, verdict.field, s.value or None)] += 1
+        elif verdict.event_id in events:
+            duplicates += 1
+        elif s.late:
+            late += 1
+            quarantine[("late_event", "event_time", s.value)] += 1
+            events[verdict.event_id] = None  # type: ignore[assignment]  # seen, not stored
+        else:
+            events[verdict.event_id] = verdict
+    return Expected({k: v for k, v in events.items() if v is not None}, quarantine, late, duplicates)
+
+
+# ------------------------------------------------------------------ helpers
+def create_topic(settings: Settings, name: str) -> None:
+    """A topic that keeps records whatever their timestamps (the data set is dated 2024)."""
+    from kafka.admin import NewTopic
+
+    from pipelines.connections import kafka_admin
+
+    admin = kafka_admin(settings)
+    try:
+        admin.create_topics([NewTopic(name, settings.kafka_topic_partitions, 1,
+                                      topic_configs={"retention.ms": "-1"})])
+    finally:
+        admin.close()
+
+
+def produce(settings: Settings, records: list[Sent]) -> None:
+    from pipelines.connections import kafka_producer
+
+    producer = kafka_producer(settings)
+    try:
+        for r in records:
+            producer.send(settings.kafka_topic_events, key=r.key, value=r.value,
+                          timestamp_ms=r.ts_ms)
+        producer.flush()
+    finally:
+        producer.close()
+
+
+def stream_settings(make_settings: Callable[..., Settings], tmp_path: Path, topic: str,
+                    **overrides: Any) -> Settings:
+    values: dict[str, Any] = dict(
+        kafka_topic_events=topic,
+        data_dir=str(tmp_path / "data"),
+        feature_allowed_lateness_seconds=LATENESS_S,
+        stream_max_offsets_per_trigger=400,
+        stream_trigger_seconds=0.5,
+    )
+    values.update(overrides)
+    return make_settings(**values)
+
+
+def read_raw(spark: Any, settings: Settings) -> dict[str, dict[str, Any]]:
+    from pipelines.offline_store import read_events
+
+    return {r["event_id"]: r.asDict() for r in read_events(spark, settings).collect()}
+
+
+def read_quarantine(spark: Any, settings: Settings) -> Counter[tuple[str, str | None, bytes | None]]:
+    from pipelines.offline_store import quarantine_path
+
+    rows = spark.read.parquet(quarantine_path(settings)).select("reason", "field", "raw_value")
+    return Counter((r["reason"], r["field"], bytes(r["raw_value"]) if r["raw_value"] else None)
+                   for r in rows.collect())
+
+
+def check_stores(spark: Any, settings: Settings, expected: Expected) -> None:
+    """The user's checks: raw store, quarantine, online vs batch (verify), Feast reads."""
+    raw = read_raw(spark, settings)
+    assert set(raw) == set(expected.events), (
+        f"missing {sorted(set(expected.events) - set(raw))[:5]}, "
+        f"extra {sorted(set(raw) - set(expected.events))[:5]}")
+    for event_id, event in expected.events.items():
+        row = raw[event_id]
+        assert (row["event_type"], row["user_id"], row["item_id"], row["quantity"]) == (
+            event.event_type, event.user_id, event.item_id, event.quantity)
+        assert row["event_time"].replace(tzinfo=UTC) == event.event_time
+        assert row["price"] == event.price
+
+    assert read_quarantine(spark, settings) == expected.quarantine
+
+    from pipelines.verify import run_verify
+
+    reports = run_verify(settings, sample=100, spark=spark)
+    for report in reports:
+        assert report.compared > 0, report.kind
+        assert report.rate == 1.0, (report.kind, report.mismatches[:5])
+
+
+# -------------------------------------------------------------------- tests
+def test_stream_writes_each_store_exactly(
+    make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any, spark: Any,
+    tmp_path: Path,
+) -> None:
+    from pipelines.stream import StreamOptions, run_stream
+
+    topic = f"stream.{tmp_path.name[-20:]}".replace("_", "-")
+    settings = stream_settings(make_settings, tmp_path, topic)
+    create_topic(settings, topic)
+    first = wave1()
+    produce(settings, first)
+    run_stream(settings, StreamOptions(stop="available_now"), spark=spark)
+    second = wave2(first)
+    produce(settings, second)
+    recorder = run_stream(settings, StreamOptions(stop="available_now"), spark=spark)
+
+    expected = expected_outcome(first + second)
+    assert expected.late == 3 and expected.duplicates >= 1
+    check_stores(spark, settings, expected)
+
+    # the second run's metrics: its late rows and the replayed duplicate are counted
+    assert recorder.totals.late == 3
+    assert recorder.totals.duplicates_dropped == 1
+    assert recorder.totals.on_time == 2
+
+    # Feast's own reader sees the stream's values
+    from pipelines.feast_store import feature_store
+
+    store = feature_store(settings)
+    online = store.get_online_features(
+        features=["item_stats:purchases_1h", "user_activity:purchases_1h"],
+        entity_rows=[{"item_id": "ci1", "user_id": "u-new"}],
+        full_feature_names=True,
+    ).to_dict()
+    buys = sum(1 for e in expected.events.values()
+               if e.item_id == "ci1" and e.event_type == "purchase")
+    assert buys >= 1 and online["item_stats__purchases_1h"] == [buys]
+    assert online["user_activity__purchases_1h"] == [1]
+
+    # progress published for `shopstream status` and Prometheus
+    from features.online_keys import stream_progress_key
+    from pipelines.stream_metrics import textfile_path
+
+    progress = {k.decode(): v.decode() for k, v in redis_client.hgetall(stream_progress_key()).items()}
+    assert int(progress["total_late"]) == 3 and "freshness_p99_s" in progress
+    assert any(m.freshness_p99_s is not None for m in recorder.history)
+    prom = textfile_path(settings)
+    assert prom is not None and "shopstream_stream_late_rows_total 3" in prom.read_text()
+
+    # feature snapshots in the backfill's format
+    from pipelines.offline_store import snapshot_path
+
+    snap = spark.read.parquet(snapshot_path(settings, "user_activity"))
+    assert {"user_id", "event_timestamp", "created", "views_1h"} <= set(snap.columns)
+    assert snap.count() > 0
+
+
+def _env(settings: Settings) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHOPSTREAM_")}
+    fields = ("data_dir", "run_dir", "kafka_bootstrap_servers", "kafka_topic_events",
+              "kafka_topic_partitions", "redis_url", "spark_shuffle_partitions", "spark_log_level",
+              "spark_driver_memory", "feature_allowed_lateness_seconds",
+              "stream_max_offsets_per_trigger", "stream_trigger_seconds")
+    for name in fields:
+        value = getattr(settings, name)
+        if value is not None:
+            env["SHOPSTREAM_" + name.upper()] = str(value)
+    env["PYSPARK_PYTHON"] = sys.executable
+    return env
+
+
+class StreamProcess:
+    """``shopstream stream --until-idle`` as its own process group (driver + JVM)."""
+
+    def __init__(self, settings: Settings, log_path: Path) -> None:
+        self.log = open(log_path, "ab")  # noqa: SIM115 - closed in wait/kill
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pipelines.cli", "stream", "--until-idle", "4"],
+            cwd=REPO, env=_env(settings), stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def kill(self) -> None:
+        """SIGKILL the whole job, JVM included, as a crash would."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=60)
+        self.log.close()
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            self.log.close()
+
+
+def _wait_mid_batch(checkpoint: Path, batch: int, proc: StreamProcess, timeout: float) -> None:
+    """Until batch ``batch`` is planned (offset log) but not committed: mid-batch."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.proc.poll() is not None:
+            raise AssertionError("the stream exited early; see its log")
+        started = (checkpoint / "offsets" / str(batch)).exists()
+        done = (checkpoint / "commits" / str(batch)).exists()
+        if started and not done:
+            return
+        if done:
+            raise AssertionError(f"batch {batch} committed before it could be interrupted")
+        time.sleep(0.05)
+    raise AssertionError(f"batch {batch} did not start within {timeout}s")
+
+
+def test_stream_killed_twice_mid_batch_gives_the_same_results(
+    make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any, spark: Any,
+    tmp_path: Path,
+) -> None:
+    from pipelines.stream import query_checkpoint
+
+    topic = f"kill.{tmp_path.name[-20:]}".replace("_", "-")
+    settings = stream_settings(make_settings, tmp_path, topic, stream_max_offsets_per_trigger=200)
+    create_topic(settings, topic)
+    first = wave1()
+    produce(settings, first)
+    checkpoint = Path(query_checkpoint(settings))
+    log_path = tmp_path / "stream.log"
+
+    for batch in (1, 3):  # two crashes, each in the middle of a micro-batch
+        proc = StreamProcess(settings, log_path)
+        _wait_mid_batch(checkpoint, batch, proc, timeout=600)
+        time.sleep(0.3 * batch)  # somewhere inside the batch's writes
+        proc.kill()
+    assert StreamProcess(settings, log_path).wait(timeout=900) == 0, log_path.read_text()[-3000:]
+
+    second = wave2(first)
+    produce(settings, second)
+    assert StreamProcess(settings, log_path).wait(timeout=600) == 0, log_path.read_text()[-3000:]
+
+    check_stores(spark, settings, expected_outcome(first + second))
