@@ -185,9 +185,39 @@ def _not_yet(command: str, issue: int) -> None:
 
 
 @app.command()
-def stream() -> None:
-    """Run the streaming feature job: Kafka -> validation -> Parquet + Redis features."""
-    _not_yet("stream", 4)
+def stream(
+    available_now: Annotated[bool, typer.Option(
+        "--available-now", help="Process what the topic holds now (in maxOffsetsPerTrigger batches), then stop."
+    )] = False,
+    until_idle: Annotated[float | None, typer.Option(
+        min=0.0, help="Stop after this many seconds with no new input (tests, demo)."
+    )] = None,
+    mode: Annotated[str | None, typer.Option(
+        help="microbatch or realtime (online path in Spark's Real-time Mode); default SHOPSTREAM_STREAM_MODE."
+    )] = None,
+    timeout: Annotated[float | None, typer.Option(min=1.0, help="Stop after this many seconds.")] = None,
+) -> None:
+    """Run the streaming feature job: Kafka -> validation -> quarantine, Parquet offline store, Redis features.
+
+    Exactly once through the checkpoint (SHOPSTREAM_CHECKPOINT_DIR, default <data_dir>/checkpoints):
+    a restart after a crash resumes where the last complete micro-batch ended.
+    """
+    from pipelines.stream import StreamOptions, run_stream
+
+    settings = load_settings()
+    if mode is not None:
+        if mode not in ("microbatch", "realtime"):
+            raise UserError(f"--mode must be microbatch or realtime, got {mode!r}")
+        settings = settings.model_copy(update={"stream_mode": mode})
+    if available_now and until_idle is not None:
+        raise UserError("--available-now and --until-idle are alternatives; pick one")
+    stop = "available_now" if available_now else ("idle" if until_idle is not None else "never")
+    options = StreamOptions(stop=stop, idle_seconds=until_idle or 0.0, timeout_seconds=timeout)
+    recorder = run_stream(settings, options, stop_session=True)
+    t = recorder.totals
+    out.print(f"stream stopped after {t.batches} batches: {t.input_rows} records read, "
+              f"{t.on_time} events stored, {t.quarantined} quarantined ({t.late} late), "
+              f"{t.duplicates_dropped} duplicates dropped")
 
 
 @app.command()
@@ -430,15 +460,73 @@ def serve() -> None:
 
 
 @app.command()
-def verify() -> None:
-    """Compare online (streamed) feature values with a batch recomputation."""
-    _not_yet("verify", 4)
+def verify(
+    sample: Annotated[int, typer.Option(min=1, help="Users and items to sample, each.")] = 200,
+    since: Annotated[str | None, typer.Option(help="Sample entities with events from this time (ISO-8601).")] = None,
+    until: Annotated[str | None, typer.Option(help="... up to this time (ISO-8601).")] = None,
+    seed: Annotated[int, typer.Option(help="Sampling seed.")] = 0,
+    max_as_of: Annotated[int, typer.Option(min=1, help="At most this many distinct as-of times recomputed per kind.")] = 25,
+    show: Annotated[int, typer.Option(min=0, help="Mismatches to print.")] = 10,
+) -> None:
+    """Compare online (streamed) feature values with a batch recomputation over the offline store's events.
+
+    Prints the match rate per feature view and for the top-seller lists; exits 1 below 100 %.
+    """
+    from datetime import UTC, datetime
+
+    from pipelines.verify import run_verify
+
+    def parse(text: str | None) -> datetime | None:
+        if text is None:
+            return None
+        try:
+            ts = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            raise UserError(f"expected an ISO-8601 time, got {text!r}") from None
+        return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts
+
+    settings = load_settings()
+    reports = run_verify(settings, sample=sample, since=parse(since), until=parse(until),
+                         seed=seed, max_as_of=max_as_of)
+    table = Table(title="online (stream) vs batch recomputation")
+    for col in ("view", "compared", "matched", "match rate", "as-of times", "no online value"):
+        table.add_column(col)
+    for r in reports:
+        table.add_row(r.kind, str(r.compared), str(r.matched), f"{100 * r.rate:.2f} %",
+                      str(r.as_of_times), str(r.missing_online))
+    out.print(table)
+    mismatches = [m for r in reports for m in r.mismatches]
+    for m in mismatches[:show]:
+        out.print(f"  {m.kind} {m.entity} @ {m.as_of}: {m.feature}: online={m.online!r} batch={m.batch!r}",
+                  highlight=False)
+    total = sum(r.compared for r in reports)
+    matched = sum(r.matched for r in reports)
+    out.print(f"match rate: {100 * matched / total if total else 100:.2f} % ({matched}/{total})")
+    if matched < total:
+        raise typer.Exit(1)
 
 
 @app.command()
 def status() -> None:
     """Show infrastructure health and the streaming job's latest progress."""
-    infra_status()
+    from pipelines import infra
+    from pipelines.stream_metrics import read_progress
+
+    settings = load_settings()
+    health = infra.status(settings)
+    _print_status(health)
+    progress = read_progress(settings)
+    if progress:
+        table = Table(title="streaming job (latest micro-batch)")
+        table.add_column("metric")
+        table.add_column("value")
+        for name, value in progress.items():
+            table.add_row(name, value)
+        out.print(table)
+    else:
+        out.print("streaming job: no progress recorded yet")
+    if not all(component.get("healthy") for component in health.values()):
+        raise typer.Exit(3)
 
 
 @app.command()
