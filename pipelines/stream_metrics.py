@@ -227,18 +227,16 @@ class MetricsRecorder:
             stats = self._stats.get(batch_id)
         if stats is None:
             return None  # a no-data batch that foreachBatch never saw, or another query
-        state_rows = 0
-        duplicates = 0
-        for op in progress.get("stateOperators", []):
-            state_rows += int(op.get("numRowsTotal", 0))
-            custom = op.get("customMetrics", {})
-            duplicates += int(custom.get("numDroppedDuplicateRows", 0))
+        state_rows = sum(int(op.get("numRowsTotal", 0)) for op in progress.get("stateOperators", []))
+        input_rows = int(progress.get("numInputRows", stats.rows))
+        # the source's rows minus those that reached foreachBatch: what the dedup dropped
+        duplicates = max(input_rows - stats.rows, 0)
         fresh = stats.freshness_s or (None, None, None)
         clock = (datetime.fromtimestamp(stats.clock_us / 1e6, tz=UTC).isoformat()
                  if stats.clock_us is not None else None)
         metrics = BatchMetrics(
             batch_id=batch_id,
-            input_rows=int(progress.get("numInputRows", stats.rows)),
+            input_rows=input_rows,
             input_rows_per_second=float(progress.get("inputRowsPerSecond") or 0.0),
             processed_rows_per_second=float(progress.get("processedRowsPerSecond") or 0.0),
             batch_duration_ms=int(progress.get("batchDuration", 0)),
