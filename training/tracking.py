@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 import mlflow
 import pandas as pd
-from mlflow.data.pandas_dataset import PandasDataset
+from mlflow.data.meta_dataset import MetaDataset
 
 from pipelines.settings import Settings
 from training.data import DataSource, Split
@@ -98,11 +98,12 @@ def run_url(run: Any) -> str:
 # --------------------------------------------------------------------------- datasets
 @dataclass(frozen=True)
 class RunDatasets:
-    """The MLflow datasets of a run (what each model's metrics are linked to)."""
+    """The MLflow datasets of a run (what each model's metrics are linked to), with row counts."""
 
-    training: PandasDataset
-    validation: PandasDataset | None
-    testing: PandasDataset
+    training: MetaDataset
+    validation: MetaDataset | None
+    testing: MetaDataset
+    rows: dict[str, int]
 
 
 def _dataset_source(uri: str) -> Any:
@@ -110,7 +111,7 @@ def _dataset_source(uri: str) -> Any:
 
     Resolving explicitly avoids MLflow's "interpreted in multiple ways" warning for
     local paths (two local sources are registered); a scheme MLflow does not know
-    (``s3a://``) is recorded as a plain URI string.
+    (``s3a://``) is recorded as a plain URI.
     """
     from mlflow.data.dataset_source_registry import get_registered_sources
 
@@ -122,16 +123,25 @@ def _dataset_source(uri: str) -> Any:
     return HTTPDatasetSource(uri)
 
 
-def _dataset(frame: pd.DataFrame, source: DataSource, part: str, digest: str) -> PandasDataset:
+def _dataset(frame: pd.DataFrame, source: DataSource, part: str, digest: str) -> MetaDataset:
+    """Metadata only: source, content digest and schema; the rows stay in the offline store.
+
+    (A ``PandasDataset`` would infer its schema from every row, seconds per column per
+    million rows; the schema of a sample is the same and the row count goes into the
+    input's tags.)
+    """
+    from mlflow.models import infer_signature
+
     cols = [c for c in _DATASET_COLUMNS if c in frame.columns]
     name = f"interactions-{part}"
     if source.since or source.until:
         name += f"[{source.since or '…'},{source.until or '…'})"
-    return mlflow.data.from_pandas(frame[cols], source=_dataset_source(source.uri), name=name, digest=digest)
+    schema = infer_signature(frame[cols].head(1000)).inputs if len(frame) else None
+    return MetaDataset(_dataset_source(source.uri), name=name, digest=digest, schema=schema)
 
 
 def make_datasets(source: DataSource, split: Split, validation: Split | None) -> RunDatasets:
-    """Datasets for the training, validation-training and test parts of the split.
+    """Datasets for the training, validation and test parts of the split.
 
     Digests hash each part's content, so two runs that read the same events name the
     same datasets and a changed event shows up as a new digest.
@@ -141,22 +151,26 @@ def make_datasets(source: DataSource, split: Split, validation: Split | None) ->
     train_frame = split.train.frame
     test_frame = split.test_frame
     val = None
+    rows = {"training": len(train_frame), "testing": len(test_frame)}
     if validation is not None:
         val = _dataset(validation.test_frame, source, "validation", content_digest(validation.test_frame))
+        rows["validation"] = len(validation.test_frame)
     return RunDatasets(
         training=_dataset(train_frame, source, "train", content_digest(train_frame)),
         validation=val,
         testing=_dataset(test_frame, source, "test", content_digest(test_frame)),
+        rows=rows,
     )
 
 
 def log_datasets(datasets: RunDatasets, source: DataSource, split: Split, validation: Split | None) -> None:
     """Log the datasets as run inputs, plus the source description and split statistics."""
     tags = {k: str(v) for k, v in source.describe().items()}
-    mlflow.log_input(datasets.training, context="training", tags=tags)
+    mlflow.log_input(datasets.training, context="training", tags={**tags, "rows": str(datasets.rows["training"])})
     if datasets.validation is not None:
-        mlflow.log_input(datasets.validation, context="validation", tags=tags)
-    mlflow.log_input(datasets.testing, context="testing", tags=tags)
+        mlflow.log_input(datasets.validation, context="validation",
+                         tags={**tags, "rows": str(datasets.rows["validation"])})
+    mlflow.log_input(datasets.testing, context="testing", tags={**tags, "rows": str(datasets.rows["testing"])})
     params = {f"data.{k}": v for k, v in source.describe().items()}
     params.update({f"split.{k}": v for k, v in split.stats().items()})
     if validation is not None:

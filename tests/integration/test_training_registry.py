@@ -122,6 +122,9 @@ def test_run_records_datasets_models_metrics_and_plots(train_settings: Settings,
     by_context = {next(t.value for t in i.tags if t.key == "mlflow.data.context"): i.dataset
                   for i in run.inputs.dataset_inputs}
     assert set(by_context) == {"training", "validation", "testing"}
+    rows = {next(t.value for t in i.tags if t.key == "mlflow.data.context"): int(next(t.value for t in i.tags if t.key == "rows"))
+            for i in run.inputs.dataset_inputs}
+    assert rows["training"] == len(report.split.train.frame) and rows["testing"] == len(report.split.test_frame)
     train_ds = by_context["training"]
     assert train_ds.digest == content_digest(report.split.train.frame)
     assert by_context["testing"].digest == content_digest(report.split.test_frame)
