@@ -377,7 +377,8 @@ def _print_train_report(settings: Settings, report: object, link: str) -> None:
         val = row.get(f"validation_{metric_key('ndcg', k)}", float("nan"))
         table.add_row(name, *[f"{row[metric_key(c, k)]:.4f}" for c in cols],
                       "-" if val != val else f"{val:.4f}", f"{row['fit_seconds']:.1f}")
-    out.print(table, width=max(out.width, 110))  # never squeeze the numbers, even in a pipe
+    # never squeeze the numbers (a pipe or CI log reports 80 columns)
+    Console(file=out.file, width=max(out.width, 118), force_terminal=out.is_terminal).print(table)
     out.print(f"* best on validation: {report.best}")
     if report.version is not None and report.decision is not None:
         decision = report.decision
