@@ -20,6 +20,7 @@ import hashlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -237,6 +238,8 @@ def read_interactions_file(
     if ".parquet" in suffixes or p.is_dir():
         raw = pd.read_parquet(p)
     elif ".json" in suffixes:
+        if _is_record_file(p):
+            return _read_record_file(p, weights=weights, since=since, until=until)
         import pyarrow.json as pj
 
         raw = pj.read_json(p).to_pandas()
@@ -304,6 +307,83 @@ def read_interactions_file(
         digest=content_digest(cleaned),
     )
     _log.info("read %d rows from %s, kept %d", rows_read, p, len(cleaned))
+    return Interactions(cleaned, source)
+
+
+def _is_record_file(path: Path) -> bool:
+    """Whether a JSON-lines file holds Kafka records (``{"key", "value": base64}``).
+
+    That is what ``shopstream generate/replay --output`` write: the raw payloads,
+    malformed ones included, exactly as they would reach the topic.
+    """
+    import orjson
+
+    with path.open("rb") as fh:
+        first = fh.readline()
+    try:
+        doc = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(doc, dict) and set(doc) == {"key", "value"}
+
+
+def _read_record_file(
+    path: Path, *, weights: Mapping[str, float], since: str | pd.Timestamp | None,
+    until: str | pd.Timestamp | None,
+) -> Interactions:
+    """Raw Kafka records -> the event contract (as the stream applies it) -> interactions.
+
+    Records the contract rejects are counted by reason; duplicates (same ``event_id``)
+    count once, as in the stream. The "not in the future" rule is checked against the
+    newest event time in the file, not the wall clock, so a file can be evaluated
+    whenever it was generated.
+    """
+    import base64
+
+    import orjson
+
+    from features.events import Event, validate_event
+
+    payloads: list[bytes] = []
+    with path.open("rb") as fh:
+        for line in fh:
+            if line.strip():
+                payloads.append(base64.b64decode(orjson.loads(line)["value"]))
+    far_future = datetime(9999, 1, 1, tzinfo=UTC)
+    events: list[dict[str, object]] = []
+    dropped: dict[str, int] = {}
+    for payload in payloads:
+        result = validate_event(payload, now=far_future)
+        if isinstance(result, Event):
+            events.append(result.as_dict())
+        else:
+            reason = f"contract:{result}"
+            dropped[reason] = dropped.get(reason, 0) + 1
+    frame = pd.DataFrame(events)
+    if not frame.empty:
+        before = len(frame)
+        frame = frame.drop_duplicates("event_id")
+        dropped["duplicate_event_id"] = before - len(frame)
+        frame["event_time"] = pd.to_datetime(frame["event_time"], utc=True)
+    else:
+        frame = pd.DataFrame(columns=["user_id", "item_id", "event_time", "event_type", "region"])
+    start, end = _utc(since), _utc(until)
+    outside = pd.Series(False, index=frame.index)
+    if start is not None:
+        outside |= frame["event_time"] < start
+    if end is not None:
+        outside |= frame["event_time"] >= end
+    dropped["outside_time_range"] = int(outside.sum())
+    cleaned, more = interactions_from_events(frame[~outside], weights)
+    dropped.update(more)
+    source = DataSource(
+        uri=str(path.resolve()), kind="file",
+        since=start.isoformat() if start is not None else None,
+        until=end.isoformat() if end is not None else None,
+        files=(str(path.resolve()),), rows_read=len(payloads),
+        rows_dropped={k: v for k, v in dropped.items() if v}, digest=content_digest(cleaned),
+    )
+    _log.info("read %d records from %s, kept %d", len(payloads), path, len(cleaned))
     return Interactions(cleaned, source)
 
 

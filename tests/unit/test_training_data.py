@@ -70,6 +70,31 @@ def test_read_json_lines_keeps_rows_without_quantity(tmp_path: Path) -> None:
     assert dict(inter.source.rows_dropped) == {"unknown_event_type_or_weight": 1}
 
 
+def test_read_kafka_record_file_applies_the_event_contract(tmp_path: Path) -> None:
+    # what `shopstream generate/replay --output` writes: {"key", "value": base64(raw payload)}
+    import base64
+
+    good = {"event_id": "e1", "event_type": "purchase", "event_time": "2026-11-01T00:00:00Z", "user_id": "u1",
+            "session_id": "s1", "item_id": "i1", "category_id": "c1", "region": "X", "price": 2.5}
+    view = {**good, "event_id": "e2", "event_type": "view", "item_id": "i2"}
+    del view["price"]
+    no_price = {**good, "event_id": "e3"}
+    del no_price["price"]
+    payloads = [json.dumps(good).encode(), json.dumps(view).encode(), json.dumps(good).encode(),  # duplicate
+                b"{not json", b"\xff\xfe", json.dumps(no_price).encode()]
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(json.dumps({"key": "u1", "value": base64.b64encode(p).decode()}) + "\n"
+                            for p in payloads))
+    inter = read_interactions_file(path, weights=WEIGHTS)
+    assert inter.frame[["item_id", "event_type", "weight"]].values.tolist() == [["i1", "purchase", 5.0],
+                                                                                 ["i2", "view", 1.0]]
+    assert inter.source.rows_read == 6
+    assert dict(inter.source.rows_dropped) == {
+        "contract:invalid_json": 1, "contract:invalid_encoding": 1, "contract:missing_price:price": 1,
+        "duplicate_event_id": 1}
+    assert "category_id" in inter.frame.columns
+
+
 def test_read_weighted_parquet_with_time_range(tmp_path: Path) -> None:
     path = tmp_path / "ratings.parquet"
     pd.DataFrame({
