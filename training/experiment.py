@@ -173,7 +173,8 @@ def fit_models(
     """
     results: list[ModelResult] = []
     tuned: dict[str, dict[str, Any]] = {}
-    ks = settings.train_eval_ks
+    # the gate's k is always measured, even when it is not one of the reported cut-offs
+    ks = sorted(set(settings.train_eval_ks) | {parse_metric(settings.train_gate_metric)[1]})
 
     def configure(model: Recommender) -> Recommender:
         if isinstance(model, LearningToRank):
@@ -190,8 +191,15 @@ def fit_models(
                      "feature_service": settings.train_feature_service if feature_provider else None}
         elif "seed" in MODELS[kind].default_params:
             fixed = {"seed": settings.train_seed}
-        result = select_and_fit(kind, split, validation, ks=ks, metric=settings.train_gate_metric,
-                                fixed=fixed, configure=configure)
+        try:
+            result = select_and_fit(kind, split, validation, ks=ks, metric=settings.train_gate_metric,
+                                    fixed=fixed, configure=configure)
+        except ValueError as exc:
+            if kind == BASELINE:
+                raise
+            # e.g. a re-ranker whose label period has no positives on a tiny range
+            _log.warning("%s skipped: %s", kind, exc)
+            continue
         tuned[kind] = {k: v for k, v in result.params.items() if k != "seed"}
         _log.info("%s: test %s = %.4f (fit %.1fs)", kind, settings.train_gate_metric,
                   result.metric(settings.train_gate_metric), result.fit_seconds)
@@ -200,7 +208,7 @@ def fit_models(
 
 
 def _best(results: Sequence[ModelResult], requested: Sequence[str], metric: str) -> ModelResult:
-    """The requested model with the best *validation* score (test as a tie-free fallback)."""
+    """The requested model with the best *validation* score: the test split never picks."""
     pool = [r for r in results if r.kind in requested] or list(results)
 
     def score(r: ModelResult) -> float:
