@@ -392,18 +392,23 @@ def finalize_top_items(
         F.struct(null.alias("c"), reg.alias("r")),
         F.struct(cat.alias("c"), reg.alias("r")),
     )
-    scoped = prepared.select(
-        _AS_OF, "item_id", "tile_start", "units", F.explode(scopes).alias("_scope")
+    # windowed units per (T, item, category, region) first, then summed per scope: the
+    # scope explode (x4) runs on the reduced rows rather than on every tile
+    per_key = prepared.groupBy(_AS_OF, "item_id", "category_id", "region").agg(
+        *[_windowed("units", w, slide_seconds).alias(f"units_{w}") for w in WINDOW_SECONDS]
+    )
+    scoped = per_key.select(
+        _AS_OF, "item_id", *[f"units_{w}" for w in WINDOW_SECONDS],
+        F.explode(scopes).alias("_scope"),
     ).select(
         _AS_OF,
         "item_id",
-        "tile_start",
-        "units",
+        *[f"units_{w}" for w in WINDOW_SECONDS],
         F.col("_scope.c").alias("category_id"),
         F.col("_scope.r").alias("region"),
     )
     units = scoped.groupBy(_AS_OF, "category_id", "region", "item_id").agg(
-        *[_windowed("units", w, slide_seconds).alias(f"units_{w}") for w in WINDOW_SECONDS]
+        *[F.sum(f"units_{w}").cast("bigint").alias(f"units_{w}") for w in WINDOW_SECONDS]
     )
     candidates = [
         F.struct(

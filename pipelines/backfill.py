@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Literal
 
 from features.events import FIELDS, VALID_COLUMNS
 from features.feast_layout import ITEM_STATS, USER_ACTIVITY
-from features.windows import LONG_WINDOW, WINDOW_SECONDS, FeatureFrames, features_over_time
+from features.windows import LONG_WINDOW, WINDOW_SECONDS, features_over_time
 from pipelines import lineage, offline_store
 from pipelines.settings import Settings
 
@@ -189,8 +189,8 @@ def _read(
         valid, quarantine = validate_events(raw, now=now)
         if counts["quarantined"]:
             offline_store.write_quarantine(quarantine, settings)
-            manifest.inputs["quarantine_reasons"] = {
-                k: v for k, v in sorted(verdicts.items()) if k is not None}
+            manifest.inputs["quarantine_reasons"] = dict(
+                sorted((k, v) for k, v in verdicts.items() if k is not None))
         events = valid.select(*VALID_COLUMNS)
         if read_from is not None:
             events = events.where(F.col("event_time") >= F.lit(read_from))
@@ -314,7 +314,7 @@ def run_backfill(
         }
         timings[name] = round(time.monotonic() - started - sum(timings.values()), 3)
     if materialize:
-        result.online = materialize_latest(settings, events, last_as_of, step)
+        result.online = materialize_latest(settings, events, last_as_of, created)
         manifest.online = dict(result.online)
         timings["materialize"] = round(time.monotonic() - started - sum(timings.values()), 3)
     result.rows.update({f"events_{k}": v for k, v in counts.items()})
@@ -329,19 +329,26 @@ def run_backfill(
     return result
 
 
-def latest_frames(settings: Settings, events: DataFrame, as_of: datetime, step_seconds: int) -> FeatureFrames:
-    """Feature rows as of one time (what gets materialized), by the same code path."""
-    return features_over_time(
-        events, start=as_of, step_seconds=step_seconds, count=1,
-        slide_seconds=settings.feature_slide_seconds,
-        last_items_n=settings.feature_last_items_n, top_n=settings.feature_top_n,
-    )
+def snapshot_rows(spark: SparkSession, settings: Settings, name: str, as_of: datetime,
+                  created: datetime) -> DataFrame:
+    """The rows one run wrote to a snapshot table for one as-of time (partition-pruned)."""
+    from pyspark.sql import functions as F
+
+    return (spark.read.parquet(offline_store.snapshot_path(settings, name))
+            .where(F.col("event_date") == F.lit(f"{as_of:%Y-%m-%d}"))
+            .where(F.col("event_timestamp") == F.lit(as_of))
+            .where(F.col("created") == F.lit(created))
+            .drop("event_date"))
 
 
 def materialize_latest(
-    settings: Settings, events: DataFrame, as_of: datetime, step_seconds: int
+    settings: Settings, events: DataFrame, as_of: datetime, created: datetime
 ) -> dict[str, int]:
-    """Write the values as of ``as_of`` to Redis: entity features, top lists, item metadata."""
+    """Write the snapshot rows as of ``as_of`` to Redis: entity features, top lists, item metadata.
+
+    The rows are read back from this run's snapshots, so Redis holds exactly
+    what the offline store holds for that time.
+    """
     from pyspark.sql import functions as F
 
     from features.tiles import item_metadata
@@ -352,16 +359,16 @@ def materialize_latest(
         write_top_items_df,
     )
 
+    spark = events.sparkSession
     feature_store(settings, apply=True)  # registry in place for get_online_features readers
-    frames = latest_frames(settings, events, as_of, step_seconds)
-    users = frames.users.persist()
-    items = frames.items.persist()
-    counts = {"user_activity": users.count(), "item_stats": items.count()}
-    write_entity_features(users, settings, USER_ACTIVITY)
-    write_entity_features(items, settings, ITEM_STATS)
-    users.unpersist()
-    items.unpersist()
-    counts["top_lists"] = write_top_items_df(frames.top_items, settings, prune=True)
+    counts: dict[str, int] = {}
+    for spec in (USER_ACTIVITY, ITEM_STATS):
+        rows = snapshot_rows(spark, settings, spec.name, as_of, created).persist()
+        counts[spec.name] = rows.count()
+        write_entity_features(rows, settings, spec)
+        rows.unpersist()
+    top = snapshot_rows(spark, settings, "top_items", as_of, created)
+    counts["top_lists"] = write_top_items_df(top, settings, prune=True)
     metadata = item_metadata(events.where(F.col("event_time") <= F.lit(as_of))).persist()
     counts["item_metadata"] = metadata.count()
     write_item_metadata_df(metadata, settings)
