@@ -199,7 +199,24 @@ def _wait_http(url: str, timeout: float = 120.0) -> None:
     raise RuntimeError(f"{url} not up within {timeout} s")
 
 
-def _http(settings: Any, users: list[str], rate: float, seconds: float, workdir: Path) -> dict[str, Any]:
+def _closed_loop(call: Any, count: int) -> LatencySummary:
+    """One request at a time: the per-request latency, without queueing behind others."""
+    latencies = []
+    errors = 0
+    start = time.perf_counter()
+    for i in range(count):
+        t0 = time.perf_counter()
+        try:
+            call(i)
+        except Exception:  # noqa: BLE001 - counted
+            errors += 1
+            continue
+        latencies.append(time.perf_counter() - t0)
+    return summarize(latencies, elapsed_s=time.perf_counter() - start, errors=errors)
+
+
+def _http(settings: Any, users: list[str], rate: float, seconds: float, workdir: Path,
+          closed: int = 2000) -> dict[str, Any]:
     import httpx
 
     from benchmarks.feast_serve_peer import FeastServer
@@ -219,8 +236,10 @@ def _http(settings: Any, users: list[str], rate: float, seconds: float, workdir:
 
             for i in range(500):
                 call(i)
+            results["shopstream serve GET /v1/users/{id}/recommendations, one at a time"] = _closed_loop(
+                call, closed)
             lat, errors, el = open_loop(call, rate=rate, count=count, max_seconds=seconds * 3)
-            results["shopstream serve GET /v1/users/{id}/recommendations"] = summarize(
+            results[f"shopstream serve GET /v1/users/{{id}}/recommendations at {rate:,.0f}/s"] = summarize(
                 lat, elapsed_s=el, errors=errors)
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -240,8 +259,10 @@ def _http(settings: Any, users: list[str], rate: float, seconds: float, workdir:
 
             for i in range(500):
                 feast_call(i)
+            results["feast serve POST /get-online-features (user_activity), one at a time"] = _closed_loop(
+                feast_call, closed)
             lat, errors, el = open_loop(feast_call, rate=rate, count=count, max_seconds=seconds * 3)
-            results["feast serve POST /get-online-features (user_activity only)"] = summarize(
+            results[f"feast serve POST /get-online-features (user_activity) at {rate:,.0f}/s"] = summarize(
                 lat, elapsed_s=el, errors=errors)
     finally:
         peer.stop()
@@ -275,7 +296,8 @@ def main(argv: list[str] | None = None) -> BenchResult:
         n = 5_000 if args.quick else 20_000
         measured = _in_process(settings, users, n)
         if not args.no_http:
-            measured.update(_http(settings, users, args.rate, 3.0 if args.quick else 10.0, workdir))
+            measured.update(_http(settings, users, args.rate, 3.0 if args.quick else 10.0, workdir,
+                                  closed=1000 if args.quick else 3000))
     finally:
         server.stop()
     for system, summary in measured.items():
@@ -283,17 +305,18 @@ def main(argv: list[str] | None = None) -> BenchResult:
     ours = measured["shopstream ServingClient.recommendations (re-ranked)"]
     feast = measured["Feast get_online_features (user_activity only)"]
     result.ratios["in-process p99: Feast get_online_features / shopstream"] = feast.p99_ms / ours.p99_ms
-    http_ours = measured.get("shopstream serve GET /v1/users/{id}/recommendations")
-    http_feast = measured.get("feast serve POST /get-online-features (user_activity only)")
-    if http_ours and http_feast:
-        result.ratios["HTTP p99: feast serve / shopstream serve"] = http_feast.p99_ms / http_ours.p99_ms
+    for mode in ("one at a time", f"at {args.rate:,.0f}/s"):
+        http_ours = next((v for k, v in measured.items() if k.startswith("shopstream serve") and k.endswith(mode)), None)
+        http_feast = next((v for k, v in measured.items() if k.startswith("feast serve") and k.endswith(mode)), None)
+        if http_ours and http_feast and http_ours.count:
+            result.ratios[f"HTTP p99 {mode}: feast serve / shopstream serve"] = http_feast.p99_ms / http_ours.p99_ms
     result.notes.append(
         f"{os.cpu_count()} CPUs shared with other work; load average at the end: "
         f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}. Same-run comparisons only."
     )
     result.notes.append(
         "shopstream's call reads candidates, features and trending in one pipelined round trip and "
-        "re-ranks 100 candidates; the Feast peers only read the user's features."
+        f"re-ranks {settings.serving_candidates} candidates; the Feast peers only read the user's features."
     )
     return result
 

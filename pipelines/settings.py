@@ -203,8 +203,9 @@ class Settings(BaseSettings):
     """Window of the top sellers served to cold-start users and when Redis is down."""
     serving_fallback_size: int = Field(default=100, ge=1, le=1000)
     """Items of each last-known top-sellers list kept in memory for degraded answers."""
-    serving_candidates: int = Field(default=100, ge=1, le=10_000)
-    """Model candidates read per recommendation request before re-ranking."""
+    serving_candidates: int = Field(default=50, ge=1, le=10_000)
+    """Model candidates read per recommendation request before re-ranking (the best of the
+    ``train_score_top_n`` that batch scoring writes; fewer is faster)."""
     serving_category_boost: float = Field(default=0.5, ge=0, le=10)
     """Re-ranking: relative boost of a candidate whose category the user was active in
     during the last hour (0 disables)."""

@@ -62,6 +62,7 @@ from features.online_keys import (
     WINDOWS,
     item_meta_key,
     live_model_key,
+    model_versions_key,
     scope_for,
     similar_items_key,
     top_meta_field,
@@ -151,6 +152,16 @@ def _pairs(raw: Any) -> list[Pair]:
     if not raw:
         return []
     return [(m.decode(), s) for m, s in raw]
+
+
+def _seconds_to_ms(raw: Any) -> int | None:
+    """A ``ZSCORE`` in epoch seconds (the live-switch time training records) -> epoch ms."""
+    if raw is None:
+        return None
+    try:
+        return int(float(raw) * 1000)
+    except (TypeError, ValueError):
+        return None
 
 
 def _freshness(as_of_ms: int | None, now_ms: int) -> Freshness:
@@ -322,14 +333,14 @@ class _Core:
             log.warning("online store reachable again (%s); leaving degraded mode",
                         self.settings.redis_url_redacted)
         if self.metrics:
-            self.metrics.redis_up.set(1)
+            self.metrics.set_redis_up(True)
 
     def on_failure(self, op: str, exc: BaseException) -> None:
         kind = "timeout" if isinstance(exc, (redis.TimeoutError, TimeoutError, asyncio.TimeoutError)) else (
             "response" if isinstance(exc, redis.ResponseError) else "connection"
         )
         if self.metrics:
-            self.metrics.redis_errors.labels(kind=kind).inc()
+            self.metrics.redis_error(kind)
         if isinstance(exc, redis.ResponseError):
             # A data problem (e.g. a key of the wrong type), not an outage: log, do not open.
             log.error("online store rejected a %s read: %s", op, exc)
@@ -341,11 +352,11 @@ class _Core:
                 self.settings.serving_breaker_cooldown_ms,
             )
         if self.metrics:
-            self.metrics.redis_up.set(0)
+            self.metrics.set_redis_up(False)
 
     def fallback_used(self, reason: str) -> None:
         if self.metrics:
-            self.metrics.fallbacks.labels(reason=reason).inc()
+            self.metrics.fallback(reason)
 
     def cached_category(self, item_id: str, now_s: float) -> tuple[bool, str | None]:
         return self.categories.get(item_id, now_s)
@@ -417,7 +428,10 @@ class _Core:
         settings = self.settings
         version = self.live_version
         n_candidates = max(settings.serving_candidates, k)
-        n_trending = min(2 * k + 10, 200) if self.params.trending_share > 0 else 0
+        # Enough trending items for the mixed-in slots, the ones the model already holds,
+        # and filling up when the model has few candidates.
+        n_slots = int(k * self.params.trending_share + 0.5)
+        n_trending = min(k + n_slots + 5, 200) if self.params.trending_share > 0 else 0
         t_window = settings.serving_trending_window
         t_scope = scope_for(None, region)
         feature_cmd = self.reader.command(user_id)
@@ -430,6 +444,7 @@ class _Core:
             batch.append(feature_cmd)
         if version:
             batch.append(_zrange(user_recs_key(version, user_id), n_candidates))
+            batch.append(("zscore", (model_versions_key(), version)))
         replies = yield batch
 
         now = _now_ms()
@@ -443,13 +458,19 @@ class _Core:
         features: UserFeatures | None = None
         if feature_cmd is not None:
             features = self.reader.decode(next(it))
-        candidates = _pairs(next(it)) if version else []
+        candidates: list[Pair] = []
+        model_as_of: int | None = None
+        if version:
+            candidates = _pairs(next(it))
+            model_as_of = _seconds_to_ms(next(it))
         if live != version:
             # The live model moved since this process last looked: read the new version's
             # candidates (one more trip, once per switch and process).
-            candidates = []
+            candidates, model_as_of = [], None
             if live:
-                candidates = _pairs((yield [_zrange(user_recs_key(live, user_id), n_candidates)])[0])
+                fresh = yield [_zrange(user_recs_key(live, user_id), n_candidates),
+                               ("zscore", (model_versions_key(), live))]
+                candidates, model_as_of = _pairs(fresh[0]), _seconds_to_ms(fresh[1])
 
         # Item categories: only when the boost or the cold-start path can use them.
         needed: list[str] = []
@@ -465,6 +486,8 @@ class _Core:
             freshness[self.reader.name] = _freshness(features.as_of_ms if features else None, now)
         if n_trending:
             freshness["trending"] = _freshness(trending_as_of, now)
+        if live:
+            freshness["model"] = _freshness(model_as_of, now)
 
         personal: list[tuple[Source, list[Pair]]] = []
         global_items: list[Pair] = []
@@ -589,20 +612,29 @@ class _Core:
         ]
         if version:
             batch.append(_zrange(similar_items_key(version, item_id), k + 1))
+            batch.append(("zscore", (model_versions_key(), version)))
         replies = yield batch
+        now = _now_ms()
         live = self.see_live(replies[0])
         category = _text(replies[1])
         if category is not None:
             self.categories.put(item_id, category, time.monotonic())
-        similar = _pairs(replies[2]) if version else []
+        similar: list[Pair] = []
+        model_as_of: int | None = None
+        if version:
+            similar, model_as_of = _pairs(replies[2]), _seconds_to_ms(replies[3])
         if live != version:
-            similar = []
+            similar, model_as_of = [], None
             if live:
-                similar = _pairs((yield [_zrange(similar_items_key(live, item_id), k + 1)])[0])
+                fresh = yield [_zrange(similar_items_key(live, item_id), k + 1),
+                               ("zscore", (model_versions_key(), live))]
+                similar, model_as_of = _pairs(fresh[0]), _seconds_to_ms(fresh[1])
+        model_freshness = {"model": _freshness(model_as_of, now)} if live else {}
         if similar:
             items = [RankedItem(item_id=i, score=v, source="model")
                      for i, v in similar if i != item_id][:k]
-            return SimilarItemsResponse(item_id=item_id, items=items, model_version=live, freshness={})
+            return SimilarItemsResponse(item_id=item_id, items=items, model_version=live,
+                                        freshness=model_freshness)
         if category is None:
             self.fallback_used("unknown_item")
             raise UnknownItem("unknown item: the online store has no similar items and no metadata for it")
@@ -610,7 +642,8 @@ class _Core:
         self.fallback_used("similar_top_sellers")
         personal, global_items, freshness = yield from self._cold_start_flow([category], None, k + 1)
         items = blend_fallback(personal, global_items, k=k, exclude={item_id})
-        return SimilarItemsResponse(item_id=item_id, items=items, model_version=live, freshness=freshness)
+        return SimilarItemsResponse(item_id=item_id, items=items, model_version=live,
+                                    freshness={**model_freshness, **freshness})
 
     def similar_fallback(self, item_id: str, k: int) -> SimilarItemsResponse:
         window = self.settings.serving_fallback_window

@@ -73,8 +73,9 @@ class _Answer(_Model):
     )
     freshness: dict[str, Freshness] = Field(
         default_factory=dict,
-        description="Age of each input, by name: top_sellers/trending lists, the user's "
-        "`user_activity` features, the memory used when degraded.",
+        description="Age of each input, by name: `top_sellers` / `trending` lists and the "
+        "top-sellers scopes used, the user's `user_activity` features, `model` (when the live "
+        "version was switched in), `memory` (when degraded: when it was last read from Redis).",
     )
     items: list[RankedItem]
 

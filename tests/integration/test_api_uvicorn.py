@@ -31,13 +31,19 @@ API_KEY = "uvicorn-test-key-7d2e"
 
 
 def _serve(settings: Settings, cwd: Path, **extra_env: str) -> subprocess.Popen[bytes]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHOPSTREAM_")}
+    # Nothing from this process's environment that configures the server: SHOPSTREAM_*,
+    # and the multiprocess dir Feast exports when feast.metrics is imported here.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SHOPSTREAM_", "PROMETHEUS_MULTIPROC"))}
     env.update(
         SHOPSTREAM_REDIS_URL=settings.redis_url,
         SHOPSTREAM_API_HOST="127.0.0.1",
         SHOPSTREAM_API_PORT=str(settings.api_port),
         SHOPSTREAM_DATA_DIR=settings.data_dir,
         SHOPSTREAM_RUN_DIR=str(settings.run_path),
+        # generous timeouts: a stall of the shared machine is not an outage here
+        SHOPSTREAM_REDIS_SOCKET_TIMEOUT_MS="1000",
+        SHOPSTREAM_SERVING_DEADLINE_MS="3000",
         **extra_env,
     )
     log = (cwd / "serve.log").open("wb")

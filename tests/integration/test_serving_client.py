@@ -23,6 +23,7 @@ from tests.integration.test_serving_data import (
     KNOWN_USER,
     NEW_USER,
     RECS,
+    TOLERANT_TIMEOUTS,
     UK,
     UNKNOWN_ITEM,
     SeededStore,
@@ -36,13 +37,19 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture()
-def seeded(settings: Settings, redis_client: Any) -> SeededStore:
-    return seed_store(redis_client, settings)
+def serving_settings(make_settings: Any) -> Settings:
+    """The session's servers with :data:`TOLERANT_TIMEOUTS`."""
+    return make_settings(**TOLERANT_TIMEOUTS)
 
 
 @pytest.fixture()
-def client(settings: Settings, seeded: SeededStore) -> Iterator[ServingClient]:
-    with ServingClient(settings) as c:
+def seeded(serving_settings: Settings, redis_client: Any) -> SeededStore:
+    return seed_store(redis_client, serving_settings)
+
+
+@pytest.fixture()
+def client(serving_settings: Settings, seeded: SeededStore) -> Iterator[ServingClient]:
+    with ServingClient(serving_settings) as c:
         yield c
 
 
@@ -108,6 +115,8 @@ def test_recommendations_rerank_with_the_users_last_hour(client: ServingClient, 
     assert len(_ids(answer)) == len(set(_ids(answer))) == 8
     _assert_fresh(answer, "user_activity", seeded)
     _assert_fresh(answer, "trending", seeded)
+    # When the live version was switched in (training records it with the switch).
+    assert answer.freshness["model"].age_ms is not None and answer.freshness["model"].age_ms < 120_000
 
 
 def test_recommendations_of_an_idle_user_keep_the_model_order(client: ServingClient) -> None:
@@ -150,7 +159,7 @@ def test_recommendations_follow_the_live_pointer(client: ServingClient, redis_cl
     assert client.recommendations(KNOWN_USER, k=3).model_version == "v1"
 
 
-def test_recommendations_exclude_recent_purchases(settings: Settings, redis_client: Any,
+def test_recommendations_exclude_recent_purchases(serving_settings: Settings, redis_client: Any,
                                                   seeded: SeededStore) -> None:
     # A user_activity view that also carries the last purchased items (optional feature).
     extended = ViewSpec(name=USER_ACTIVITY.name, entity=USER_ACTIVITY.entity,
@@ -158,7 +167,7 @@ def test_recommendations_exclude_recent_purchases(settings: Settings, redis_clie
                         features=USER_ACTIVITY.features + (("last_purchased_items", "string_list"),))
     row = dict(user_rows(seeded.as_of)[0], last_purchased_items=["85123A"])
     write_entity_rows(redis_client, extended, [row])
-    with ServingClient(settings, user_features=FeastUserFeatures(spec=extended)) as c:
+    with ServingClient(serving_settings, user_features=FeastUserFeatures(spec=extended)) as c:
         assert "85123A" not in _ids(c.recommendations(KNOWN_USER, k=5))
         assert "85123A" in _ids(c.recommendations(KNOWN_USER, k=5, exclude_purchased=False))
 
@@ -167,6 +176,7 @@ def test_similar_items_of_a_known_item(client: ServingClient) -> None:
     answer = client.similar_items("85123A", k=5)
     assert _ids(answer) == ["71053", "21730", "84406B"]  # never the item itself
     assert {i.source for i in answer.items} == {"model"} and answer.model_version == "v1"
+    assert answer.freshness["model"].as_of is not None
 
 
 def test_similar_items_without_neighbours_fall_back_to_its_category(client: ServingClient) -> None:
@@ -207,10 +217,10 @@ def test_ready_reports_redis_and_the_live_model(client: ServingClient, redis_cli
     assert not_ready.status == "not_ready" and not_ready.redis and "live model" in (not_ready.detail or "")
 
 
-def test_async_client_gives_the_same_answers(settings: Settings, seeded: SeededStore,
+def test_async_client_gives_the_same_answers(serving_settings: Settings, seeded: SeededStore,
                                              client: ServingClient) -> None:
     async def run() -> tuple[Any, ...]:
-        async with AsyncServingClient(settings) as c:
+        async with AsyncServingClient(serving_settings) as c:
             return await asyncio.gather(
                 c.top_sellers("1h", k=5),
                 c.recommendations(KNOWN_USER, k=8, region=UK),

@@ -90,6 +90,13 @@ KNOWN_ITEM_WITHOUT_NEIGHBOURS = "84029G"
 UNKNOWN_ITEM = "NOPE-404"
 
 
+TOLERANT_TIMEOUTS = {"redis_socket_timeout_ms": 1000, "serving_deadline_ms": 3000,
+                     "serving_redis_connect_timeout_ms": 1000}
+"""Timeouts for the functional serving tests: generous, so a stall of the shared 2-core
+machine is not mistaken for an outage (the default timeouts are exercised by
+``test_api_resilience.py``)."""
+
+
 @dataclass(frozen=True)
 class SeededStore:
     """What :func:`seed_store` wrote, for assertions."""

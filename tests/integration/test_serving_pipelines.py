@@ -26,6 +26,7 @@ from fastapi.testclient import TestClient
 
 from features import online_keys
 from pipelines.settings import Settings
+from tests.integration.test_serving_data import TOLERANT_TIMEOUTS
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -44,7 +45,8 @@ def pipeline_settings(make_settings: Any, redis_server: Any, tmp_path_factory: p
     base = make_settings()
     host, port = base.redis_address
     data = tmp_path_factory.mktemp("serving_pipelines")
-    return make_settings(redis_url=f"redis://{host}:{port}/{DATABASE}", data_dir=str(data / "data"))
+    return make_settings(redis_url=f"redis://{host}:{port}/{DATABASE}", data_dir=str(data / "data"),
+                         **TOLERANT_TIMEOUTS)
 
 
 @pytest.fixture(scope="module")
