@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import logging
 import shutil
+import socket
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,7 +149,11 @@ class KafkaBroker:
         self.ensure_topics()
 
     def _ready(self) -> bool:
-        admin = kafka_admin(self.settings, request_timeout_ms=3000)
+        # A plain TCP connect first: until the listener is up, kafka-python would log
+        # connection errors and back off for up to 30 s between its own retries.
+        with socket.create_connection((self.host, self.port), timeout=1):
+            pass
+        admin = kafka_admin(self.settings, request_timeout_ms=3000, reconnect_backoff_max_ms=500)
         try:
             admin.list_topics()
             return True
