@@ -274,7 +274,8 @@ def main(argv: list[str] | None = None) -> BenchResult:
     parser.add_argument("--quick", action="store_true", help="short run (fewer calls, 3 s of HTTP)")
     parser.add_argument("--rate", type=float, default=1000.0, help="HTTP requests per second")
     parser.add_argument("--no-http", action="store_true", help="in-process measurements only")
-    args = parser.parse_args(argv)
+    # Called by benchmarks.run_all without arguments: defaults, never run_all's own argv.
+    args = parser.parse_args(argv if argv is not None else [])
 
     from pipelines.infra import RedisServer
 
@@ -323,7 +324,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
-    outcome = main()
+    outcome = main(sys.argv[1:])
     path = write_result(outcome)
     print(outcome.markdown())
     print(f"wrote {path}")
