@@ -59,6 +59,7 @@ __all__ = [
     "registry_path",
     "repo_config",
     "feature_store",
+    "historical_features",
     "cli_environment",
 ]
 
@@ -224,6 +225,83 @@ def feature_store(settings: Settings, *, apply: bool = True) -> FeatureStore:
     if apply:
         store.apply(definitions_for(settings).objects)
     return store
+
+
+def _refs_by_view(store: FeatureStore, features: Any) -> dict[str, list[str]]:
+    """``{view: [feature, ...]}`` from a FeatureService, its name, or ``view:feature`` refs."""
+    if isinstance(features, str):
+        features = store.get_feature_service(features)
+    by_view: dict[str, list[str]] = {}
+    if hasattr(features, "feature_view_projections"):
+        for projection in features.feature_view_projections:
+            by_view.setdefault(projection.name_to_use(), []).extend(
+                f.name for f in projection.features)
+        return by_view
+    for ref in features:
+        view, _, name = ref.partition(":")
+        by_view.setdefault(view, []).append(name)
+    return by_view
+
+
+def historical_features(
+    store: FeatureStore,
+    entity_df: Any,
+    features: Any,
+    *,
+    full_feature_names: bool = True,
+) -> Any:
+    """Point-in-time feature values for every row of ``entity_df``, in its order.
+
+    A thin layer over ``FeatureStore.get_historical_features`` that keeps its
+    semantics (per row, each view's latest snapshot with ``event_timestamp <=``
+    the row's timestamp and within the view's TTL, ties by ``created``) and
+    fixes two behaviours of Feast 0.67's file (Dask) offline store that lose
+    training rows:
+
+    * rows sharing a view's join key and timestamp are collapsed into one
+      (feast-dev/feast#6787), e.g. one user scored against many items at once;
+    * a row whose entity has snapshots, but none at or before its timestamp
+      within the TTL, is dropped instead of getting nulls.
+
+    So each view is asked once for the *distinct* (join key, timestamp) pairs,
+    and its answer is left-joined back: one output row per input row, nulls where
+    no snapshot applies, never a value from after the row's timestamp.
+
+    Parameters
+    ----------
+    store
+        From :func:`feature_store`.
+    entity_df
+        pandas DataFrame with the join keys of the requested views and
+        ``event_timestamp``; other columns are kept as they are.
+    features
+        A FeatureService (or its name, e.g. ``"ranking_v1"``) or ``view:feature`` refs.
+    full_feature_names
+        Name columns ``view__feature`` (needed when views share feature names).
+    """
+    import warnings
+
+    import pandas as pd
+
+    out = entity_df.reset_index(drop=True).copy()
+    out["event_timestamp"] = pd.to_datetime(out["event_timestamp"], utc=True).astype(
+        "datetime64[ns, UTC]")
+    for view_name, names in _refs_by_view(store, features).items():
+        view = store.get_feature_view(view_name)
+        keys = [column.name for column in view.entity_columns]
+        pairs = out[[*keys, "event_timestamp"]].drop_duplicates().reset_index(drop=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # dask's pandas downcasting notes
+            got = store.get_historical_features(
+                entity_df=pairs, features=[f"{view_name}:{n}" for n in names],
+                full_feature_names=full_feature_names,
+            ).to_df()
+        got["event_timestamp"] = pd.to_datetime(got["event_timestamp"], utc=True).astype(
+            "datetime64[ns, UTC]")
+        columns = [f"{view_name}__{n}" if full_feature_names else n for n in names]
+        out = out.merge(got[[*keys, "event_timestamp", *columns]],
+                        on=[*keys, "event_timestamp"], how="left")
+    return out
 
 
 def cli_environment(settings: Settings) -> dict[str, str]:
