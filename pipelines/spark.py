@@ -7,6 +7,7 @@ locally the default is ``local[2]`` with few shuffle partitions, sized for a
 
 from __future__ import annotations
 
+from importlib.resources import files
 from typing import TYPE_CHECKING
 
 from pipelines.settings import Settings
@@ -34,7 +35,10 @@ def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bo
         .config("spark.sql.streaming.stateStore.providerClass",
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
         .config("spark.sql.warehouse.dir", settings.data_path("spark-warehouse"))
-        .config("spark.driver.extraJavaOptions", "-Dderby.system.home=" + settings.data_path("derby"))
+        .config("spark.driver.extraJavaOptions", " ".join((
+            "-Dderby.system.home=" + settings.data_path("derby"),
+            "-Dlog4j2.configurationFile=" + str(files("pipelines").joinpath("spark-log4j2.properties")),
+        )))
     )
     if kafka:
         from pipelines.infra.jars import spark_kafka_jars
