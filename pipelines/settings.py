@@ -140,6 +140,12 @@ class Settings(BaseSettings):
     stream_metrics_textfile: str | None = None
     """Prometheus textfile (node-exporter format); default ``<data_dir>/stream/shopstream_stream.prom``
     for a local data dir, none otherwise."""
+    spark_standalone_port: int = Field(default=7077, ge=1, le=65535)
+    """Master port of the local Spark standalone cluster (``pipelines.infra.spark_standalone``)."""
+    spark_standalone_ui_port: int = Field(default=8080, ge=1, le=65535)
+    """Master web UI port (its ``/json`` endpoint tells when the worker has registered)."""
+    spark_standalone_worker_cores: int = Field(default=2, ge=1)
+    spark_standalone_worker_memory: str = "1500m"
 
     # --- MLflow / training --------------------------------------------
     mlflow_tracking_uri: str | None = None

@@ -68,6 +68,7 @@ __all__ = [
     "BatchProcessor",
     "start_stream",
     "run_stream",
+    "ship_code",
 ]
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,10 @@ BATCH_COLUMN = "batch_id"
 """Extra partition level of the raw events and quarantine written by the stream: a
 replayed batch overwrites exactly its own files (dynamic partition overwrite)."""
 _DEDUP_KEY = "_dedup_key"
+_EVENT_COLUMNS: tuple[str, ...] = (
+    "event_id", "event_type", "event_time", "user_id", "session_id", "item_id", "category_id",
+    "region", "price", "quantity", "device",
+)
 _BATCH_COLUMNS: tuple[str, ...] = (
     *RAW_COLUMNS, "ingest_time", "reason", "field", "event_id", "event_type", "event_time",
     "user_id", "session_id", "item_id", "category_id", "region", "price", "quantity", "device",
@@ -208,6 +213,19 @@ def quarantine_rows(checked: DataFrame) -> DataFrame:
     ).select(*QUARANTINE_COLUMNS)
 
 
+def _inheriting(spark: SparkSession, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run in another thread with this thread's Spark local properties (job group,
+    query id: stopping the query cancels its jobs), as ``pyspark.InheritableThread`` does."""
+    jsc = spark.sparkContext._jsc.sc()  # type: ignore[union-attr]
+    properties = jsc.getLocalProperties().clone()
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        jsc.setLocalProperties(properties)
+        return fn(*args, **kwargs)
+
+    return run
+
+
 # ----------------------------------------------------------- foreachBatch
 @dataclass
 class BatchProcessor:
@@ -238,6 +256,9 @@ class BatchProcessor:
         return self._online
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
         started = time.time()
@@ -247,64 +268,72 @@ class BatchProcessor:
         prev_clock = previous.clock_us if previous else None
         lateness_us = self.settings.feature_allowed_lateness_seconds * 1_000_000
 
-        # a. late split against the clock of the batch before (deterministic on replay);
-        # localCheckpoint materializes the batch once and cuts the (large) validation
-        # plan out of the lineage, so the many small plans below stay cheap to analyze
+        # a. late split against the clock of the batch before (deterministic on replay).
+        # localCheckpoint materializes the batch once (the Observation collects its
+        # figures in the same job) and cuts the large validation plan out of the
+        # lineage, so the many small plans below stay cheap to analyze.
         valid = F.col("reason").isNull()
         if prev_clock is None:
             late = F.lit(False)
         else:
             late = valid & (F.unix_micros("event_time") < F.lit(prev_clock - lateness_us))
-        checked = batch.select(*_BATCH_COLUMNS, late.alias("_late")).localCheckpoint(eager=True)
-        on_time = valid & ~F.col("_late")
+        on_time = valid & ~late
         et = F.when(on_time, F.unix_micros("event_time"))
-        stats = checked.agg(
+        observation = Observation(f"shopstream_batch_{batch_id}_{time.monotonic_ns()}")
+        checked = batch.select(*_BATCH_COLUMNS, late.alias("_late")).observe(
+            observation,
             F.count(F.lit(1)).alias("rows"),
             F.sum(F.when(~valid, 1).otherwise(0)).alias("invalid"),
-            F.sum(F.when(F.col("_late"), 1).otherwise(0)).alias("late"),
+            F.sum(F.when(late, 1).otherwise(0)).alias("late"),
             F.sum(F.when(on_time & (F.col("event_type") == "purchase"), 1).otherwise(0)).alias(
                 "purchases"),
             F.max(et).alias("max_us"),
             F.min(et).alias("min_us"),
             F.percentile_approx(et, [0.01, 0.5], 1000).alias("pct_us"),
-        ).first()
-        assert stats is not None
-        rows = int(stats["rows"] or 0)
-        invalid = int(stats["invalid"] or 0)
-        n_late = int(stats["late"] or 0)
+        ).localCheckpoint(eager=True)
+        stats = observation.get
+        rows = int(stats.get("rows") or 0)
+        invalid = int(stats.get("invalid") or 0)
+        n_late = int(stats.get("late") or 0)
         n_on_time = rows - invalid - n_late
         clock = prev_clock
-        if stats["max_us"] is not None:
+        if stats.get("max_us") is not None:
             clock = max(prev_clock or stats["max_us"], stats["max_us"])
         snapshot_tile = previous.snapshot_tile if previous else None
 
         online_done: float | None = None
+        on_time_col = F.col("reason").isNull() & ~F.col("_late")
         try:
             if rows:
-                events = checked.where(on_time).select(
-                    "event_id", "event_type", "event_time", "user_id", "session_id", "item_id",
-                    "category_id", "region", "price", "quantity", "device")
-                # b. online first: it is the latency-sensitive path
-                if self.online and clock is not None:
-                    snapshot_tile = self._online_writer().apply(
-                        spark, events, batch_id=batch_id, as_of_us=clock, prev_as_of_us=prev_clock,
-                        has_events=n_on_time > 0, has_purchases=int(stats["purchases"] or 0) > 0,
-                        snapshot_tile=snapshot_tile, snapshots=self.snapshots,
-                        batch_log=batch_log)
-                    online_done = time.time()
-                # c. the Parquet sinks, each batch replacing its own files on a replay
-                if n_on_time:
-                    write_events_batch(events, self.settings, batch_id)
-                if invalid or n_late:
-                    write_quarantine_batch(
-                        quarantine_rows(checked.where(~valid | F.col("_late"))), self.settings,
-                        batch_id)
+                events = checked.where(on_time_col).select(*_EVENT_COLUMNS)
+                # c. the Parquet sinks run beside the online path (independent jobs),
+                # each batch replacing its own files on a replay
+                with ThreadPoolExecutor(max_workers=2, thread_name_prefix="sink") as pool:
+                    sinks = []
+                    if n_on_time:
+                        sinks.append(pool.submit(_inheriting(spark, write_events_batch), events,
+                                                 self.settings, batch_id))
+                    if invalid or n_late:
+                        sinks.append(pool.submit(
+                            _inheriting(spark, write_quarantine_batch),
+                            quarantine_rows(checked.where(~on_time_col)), self.settings, batch_id))
+                    # b. online: tiles -> features -> Redis (the latency-sensitive path)
+                    if self.online and clock is not None:
+                        snapshot_tile = self._online_writer().apply(
+                            spark, events, batch_id=batch_id, as_of_us=clock,
+                            prev_as_of_us=prev_clock, has_events=n_on_time > 0,
+                            has_purchases=int(stats.get("purchases") or 0) > 0,
+                            snapshot_tile=snapshot_tile, snapshots=self.snapshots,
+                            batch_log=batch_log)
+                        online_done = time.time()
+                    for sink in sinks:
+                        sink.result()
             batch_log.write(BatchRecord(batch_id, clock, snapshot_tile))
         finally:
             release(checked)
 
         freshness = None
-        if online_done is not None and stats["max_us"] is not None:
+        if online_done is not None and stats.get("max_us") is not None:
             done_us = int(online_done * 1_000_000)
             p01, p50 = stats["pct_us"]
             freshness = ((done_us - p50) / 1e6, (done_us - p01) / 1e6,
@@ -326,7 +355,33 @@ def _spark_for(settings: Settings) -> SparkSession:
     # Python workers must be this interpreter (the venv with redis, feast, ...);
     # pyspark only looks at PYSPARK_PYTHON, read when the SparkContext starts.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    return spark_session(settings, app_name="shopstream-stream")
+    spark = spark_session(settings, app_name="shopstream-stream")
+    if not spark.sparkContext.master.startswith("local"):
+        ship_code(spark)
+    return spark
+
+
+def ship_code(spark: SparkSession) -> str:
+    """Zip the ``features`` and ``pipelines`` packages and add them to every executor's path.
+
+    What ``spark-submit --py-files`` does; needed when executors run elsewhere
+    (standalone, YARN, Kubernetes), harmless when they share this machine.
+    """
+    import tempfile
+    import zipfile
+    from pathlib import Path
+
+    import features
+    import pipelines
+
+    out = Path(tempfile.mkdtemp(prefix="shopstream-code-")) / "shopstream.zip"
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
+        for package in (features, pipelines):
+            root = Path(package.__file__).resolve().parent
+            for path in root.rglob("*.py"):
+                zf.write(path, path.relative_to(root.parent).as_posix())
+    spark.sparkContext.addPyFile(str(out))
+    return str(out)
 
 
 def start_stream(spark: SparkSession, settings: Settings, options: StreamOptions,

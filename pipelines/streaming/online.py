@@ -24,8 +24,10 @@ batch recomputation over the same events agree (``shopstream verify``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from features.feast_layout import ITEM_STATS, USER_ACTIVITY
 from features.tiles import item_metadata, item_tiles, sales_tiles, user_tiles
@@ -52,6 +54,29 @@ log = logging.getLogger(__name__)
 
 DIRTY_TTL_SECONDS = 24 * 3600
 """TTL of the per-tile sets of touched entities (snapshots read them within a slide)."""
+
+
+def _write_entities_partition(rows: Iterator[Any], *, redis_kwargs: dict[str, Any],
+                              ttl_seconds: int) -> None:
+    """One partition of (kind, user | item | meta) rows -> the online writer's pipelined writes."""
+    import redis
+
+    buckets: dict[str, list[Any]] = {USER_ACTIVITY.name: [], ITEM_STATS.name: [], "item_meta": []}
+    for row in rows:
+        kind = row["kind"]
+        column = {USER_ACTIVITY.name: "user", ITEM_STATS.name: "item"}.get(kind, "meta")
+        buckets[kind].append(row[column])
+    client = redis.Redis(**redis_kwargs)
+    try:
+        for spec in (USER_ACTIVITY, ITEM_STATS):
+            if buckets[spec.name]:
+                online_writer.write_entity_rows(client, spec, buckets[spec.name],
+                                                ttl_seconds=ttl_seconds)
+        if buckets["item_meta"]:
+            online_writer.write_item_metadata(client, buckets["item_meta"],
+                                              ttl_seconds=ttl_seconds)
+    finally:
+        client.close()
 
 
 def _as_datetime(us: int) -> datetime:
@@ -125,16 +150,13 @@ class OnlineFeatures:
             if due:
                 users, items = users.persist(), items.persist()
                 cached += [users, items]
-            online_writer.write_entity_features(users, s, USER_ACTIVITY)
-            online_writer.write_entity_features(items, s, ITEM_STATS)
+            self._write_entities(users, items, item_metadata(events) if has_events else None)
             top = None
             if has_purchases or slid or due:
                 top = finalize_top_items(merged.sales, as_of, slide_seconds=self.slide,
                                          top_n=s.feature_top_n).persist()
                 cached.append(top)
                 self._write_top(top)
-            if has_events:
-                online_writer.write_item_metadata_df(item_metadata(events), s)
             if due:
                 self._snapshot(users, items, top, batch_id, batch_log)
                 snapshot_tile = current
@@ -143,6 +165,31 @@ class OnlineFeatures:
                 frame.unpersist()
             merged.release()
         return snapshot_tile
+
+    def _write_entities(self, users: DataFrame, items: DataFrame,
+                        metadata: DataFrame | None) -> None:
+        """User and item features (Feast layout) and item metadata, in one Spark job."""
+        from pyspark.sql import functions as F
+
+        frames = [
+            users.select(F.lit(USER_ACTIVITY.name).alias("kind"),
+                         F.struct(USER_ACTIVITY.join_key, *USER_ACTIVITY.feature_names,
+                                  "event_timestamp").alias("user")),
+            items.select(F.lit(ITEM_STATS.name).alias("kind"),
+                         F.struct(ITEM_STATS.join_key, *ITEM_STATS.feature_names,
+                                  "event_timestamp").alias("item")),
+        ]
+        if metadata is not None:
+            frames.append(metadata.select(F.lit("item_meta").alias("kind"),
+                                          F.struct("*").alias("meta")))
+        rows = frames[0]
+        for frame in frames[1:]:
+            rows = rows.unionByName(frame, allowMissingColumns=True)
+        rows.foreachPartition(partial(
+            _write_entities_partition,
+            redis_kwargs=redis_kwargs(self.settings,
+                                      timeout_ms=max(self.settings.redis_socket_timeout_ms, 10_000)),
+            ttl_seconds=self.settings.online_ttl_seconds))
 
     def _write_top(self, top: DataFrame) -> None:
         """Replace every top list at once (small: scopes x N rows, collected)."""

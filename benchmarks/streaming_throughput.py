@@ -1,0 +1,270 @@
+"""Streaming: sustained events/s and feature freshness of ``shopstream stream`` at ``local[2]``.
+
+Three measurements in one run, on this project's Kafka broker and redis-server:
+
+1. **Throughput** -- a backlog of generated events (2 % malformed, duplicates),
+   drained with ``--available-now``: events/s over the micro-batches (Spark
+   start-up excluded), full pipeline (quarantine, dedup, raw Parquet, tiles,
+   Feast-layout features, top sellers, snapshots). The same backlog drained by
+   Feast's own ``SparkKafkaProcessor`` (a much cheaper transformation: running
+   counters, no validation, no offline sink) is the same-run peer.
+2. **Freshness, micro-batch** -- the stream runs with its trigger interval while
+   background traffic flows at ``--rate`` events/s; every 0.5 s a probe purchase
+   (event time = now) of a fresh item is sent and the time until Redis shows it
+   (the item's ``purchases_1h`` in Feast's layout) is measured: event time ->
+   readable in Redis, end to end.
+3. **Freshness, Real-time Mode** -- the same probes with ``stream_mode=realtime``
+   (the online path in Spark's Real-time Mode), when it can run.
+
+Usage: ``python -m benchmarks.streaming_throughput [--quick] [--events N] [--rate R]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import BenchResult, bench_settings, summarize, write_result
+
+__all__ = ["main"]
+
+log = logging.getLogger(__name__)
+
+
+def _topic(settings: Any, name: str) -> None:
+    from kafka.admin import NewTopic
+
+    from pipelines.connections import kafka_admin
+
+    admin = kafka_admin(settings)
+    try:
+        admin.create_topics([NewTopic(name, settings.kafka_topic_partitions, 1)])
+    finally:
+        admin.close()
+
+
+def _backlog(settings: Any, topic: str, count: int) -> int:
+    """Generated traffic ending about now (so nothing is late or in the future)."""
+    from pipelines.clickstream_model import GeneratorConfig
+    from pipelines.generate import generate_records
+    from pipelines.producer import KafkaSink
+
+    config = GeneratorConfig(seed=11, bad_fraction=0.02)
+    start_ms = int(time.time() * 1000) - int(count / config.nominal_rate * 1000)
+    sink = KafkaSink(settings, topic)
+    batch: list[tuple[bytes | None, bytes]] = []
+    for record in generate_records(config, start_ms=start_ms, count=count):
+        batch.append((record.key, record.value))
+        if len(batch) == 5000:
+            sink.send_batch(batch)
+            batch = []
+    if batch:
+        sink.send_batch(batch)
+    sink.close()
+    return count
+
+
+def _throughput(settings: Any, spark: Any, count: int) -> dict[str, Any]:
+    from pipelines.stream import StreamOptions, run_stream
+
+    topic = f"bench.tp.{uuid.uuid4().hex[:8]}"
+    _topic(settings, topic)
+    _backlog(settings, topic, count)
+    run_settings = settings.model_copy(update={"kafka_topic_events": topic})
+    started = time.monotonic()
+    recorder = run_stream(run_settings, spark=spark,
+                          options=StreamOptions(stop="available_now"))
+    wall = time.monotonic() - started
+    batches = list(recorder.history)
+    busy = sum(m.batch_duration_ms for m in batches) / 1000
+    rows = sum(m.input_rows for m in batches)
+    return {"events": rows, "batches": len(batches), "busy_s": busy, "wall_s": wall,
+            "events_per_s": rows / busy if busy else 0.0,
+            "series": [(m.batch_id, m.processed_rows_per_second) for m in batches]}
+
+
+def _send_live(settings: Any, topic: str, rate: float, stop: threading.Event) -> None:
+    """Background traffic with event time = now, paced."""
+    import json as _json
+    import random
+
+    from pipelines.connections import kafka_producer
+
+    producer = kafka_producer(settings, linger_ms=5)
+    rnd = random.Random(5)
+    interval = 1.0 / rate
+    n = 0
+    t0 = time.perf_counter()
+    while not stop.is_set():
+        now = datetime.now(UTC)
+        user = f"u{rnd.randrange(10_000)}"
+        doc = {"event_id": f"bg-{n}-{uuid.uuid4().hex[:6]}", "event_type": "view",
+               "event_time": now.isoformat().replace("+00:00", "Z"), "user_id": user,
+               "session_id": "s", "item_id": f"i{rnd.randrange(2000)}",
+               "category_id": f"c{rnd.randrange(40)}", "region": "UK"}
+        producer.send(topic, key=user.encode(), value=_json.dumps(doc).encode())
+        n += 1
+        delay = t0 + n * interval - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+    producer.flush()
+    producer.close()
+
+
+def _probe(settings: Any, topic: str, probes: int, gap_s: float, timeout_s: float) -> list[float]:
+    """Send one purchase of a fresh item at a time; time until Redis holds its features."""
+    from features.feast_layout import ITEM_STATS, timestamp_field
+    from pipelines.connections import kafka_producer, redis_client
+
+    producer = kafka_producer(settings, linger_ms=0)
+    client = redis_client(settings, timeout_ms=2000)
+    latencies: list[float] = []
+    try:
+        for i in range(probes):
+            item = f"probe-{uuid.uuid4().hex[:10]}"
+            sent = datetime.now(UTC)
+            doc = {"event_id": f"probe-{i}-{item}", "event_type": "purchase",
+                   "event_time": sent.isoformat().replace("+00:00", "Z"), "user_id": "prober",
+                   "session_id": "s", "item_id": item, "category_id": "probe", "region": "UK",
+                   "price": 1.0}
+            producer.send(topic, key=b"prober", value=json.dumps(doc).encode())
+            producer.flush()
+            key = ITEM_STATS.redis_key(item)
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                if client.hexists(key, timestamp_field(ITEM_STATS.name)):
+                    latencies.append((datetime.now(UTC) - sent).total_seconds())
+                    break
+                time.sleep(0.005)
+            time.sleep(gap_s)
+    finally:
+        producer.close()
+        client.close()
+    return latencies
+
+
+def _freshness(settings: Any, spark: Any, mode: str, rate: float, probes: int) -> dict[str, Any]:
+    from pipelines.stream import StreamOptions, run_stream
+
+    topic = f"bench.fresh.{mode}.{uuid.uuid4().hex[:8]}"
+    _topic(settings, topic)
+    run_settings = settings.model_copy(update={"kafka_topic_events": topic, "stream_mode": mode,
+                                               "stream_starting_offsets": "latest"})
+    stop = threading.Event()
+    started = threading.Event()
+    queries: list[Any] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            run_stream(run_settings, spark=spark, options=StreamOptions(stop="never"),
+                       on_started=lambda q: (queries.append(q), started.set()))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            error.append(exc)
+            started.set()
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    started.wait(300)
+    if error:
+        return {"error": str(error[0]).splitlines()[0][:300]}
+    sender = threading.Thread(target=_send_live, args=(settings, topic, rate, stop), daemon=True)
+    sender.start()
+    time.sleep(10)  # warm up: first batches, Python workers
+    latencies = _probe(settings, topic, probes, 0.5, 60.0)
+    stop.set()
+    sender.join()
+    for query in queries:
+        query.stop()
+    runner.join(120)
+    summary = summarize(latencies, elapsed_s=1.0)
+    return {"probes": probes, "seen": summary.count, "p50_s": summary.p50_ms / 1000,
+            "p99_s": summary.p99_ms / 1000, "max_s": summary.max_ms / 1000, "error": None}
+
+
+def main(argv: list[str] | None = None) -> BenchResult:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small backlog, few probes")
+    parser.add_argument("--events", type=int, default=None, help="backlog size")
+    parser.add_argument("--rate", type=float, default=1000.0, help="background events/s")
+    parser.add_argument("--no-peer", action="store_true", help="skip Feast's processor")
+    parser.add_argument("--no-realtime", action="store_true", help="skip Real-time Mode")
+    args = parser.parse_args(argv if argv is not None else [])
+    events = args.events or (50_000 if args.quick else 400_000)
+    probes = 10 if args.quick else 40
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pipelines.infra import KafkaBroker, RedisServer
+    from pipelines.spark import spark_session
+
+    settings = bench_settings("streaming_throughput", kafka_topic_partitions=2,
+                              spark_master="local[2]", spark_shuffle_partitions=2,
+                              stream_max_offsets_per_trigger=200_000, stream_trigger_seconds=1.0)
+    broker, redis = KafkaBroker(settings), RedisServer(settings)
+    redis.start()
+    broker.start()
+    result = BenchResult(
+        name="streaming_throughput",
+        title="Streaming: sustained events/s and freshness (event time -> readable in Redis), local[2]",
+        targets={"throughput": ">= 50,000 events/s sustained",
+                 "freshness": "p99 <= 1 s in Real-time Mode; never above 5 s in micro-batch"},
+    )
+    try:
+        spark = spark_session(settings, app_name="bench-streaming")
+        tp = _throughput(settings, spark, events)
+        result.rows.append({"system": "shopstream stream (micro-batch, full pipeline)",
+                            "events": tp["events"], "batches": tp["batches"],
+                            "busy_s": tp["busy_s"], "events_per_s": tp["events_per_s"]})
+        if not args.no_peer:
+            from benchmarks.feast_stream_peer import run_feast_spark_processor
+
+            topic = f"bench.peer.{uuid.uuid4().hex[:8]}"
+            _topic(settings, topic)
+            _backlog(settings, topic, events)
+            peer = run_feast_spark_processor(settings, spark, topic=topic, expected_events=events,
+                                             max_seconds=1800,
+                                             workdir=Path(settings.data_dir).resolve().parent)
+            result.rows.append({"system": "Feast SparkKafkaProcessor (running counters only)",
+                                "events": peer["events"], "batches": len(peer.get("series", [])),
+                                "busy_s": peer["seconds"], "events_per_s": peer["events_per_s"]})
+            if peer["events_per_s"]:
+                result.ratios["throughput: shopstream / Feast processor"] = (
+                    tp["events_per_s"] / peer["events_per_s"])
+        for mode in ("microbatch", "realtime"):
+            if mode == "realtime" and args.no_realtime:
+                continue
+            fresh = _freshness(settings, spark, mode, args.rate, probes)
+            row = {"system": f"freshness, {mode}", "events": fresh.get("seen", 0),
+                   "batches": fresh.get("probes", 0), "busy_s": None, "events_per_s": None,
+                   "p50_s": fresh.get("p50_s"), "p99_s": fresh.get("p99_s"),
+                   "max_s": fresh.get("max_s")}
+            if fresh.get("error"):
+                result.notes.append(f"{mode}: could not run: {fresh['error']}")
+            result.rows.append(row)
+    finally:
+        broker.stop()
+        redis.stop()
+    result.notes.append(
+        f"{os.cpu_count()} CPUs shared with other work; load average at the end: "
+        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}. Same-run comparisons only.")
+    return result
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    for noisy in ("kafka", "py4j"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    outcome = main(sys.argv[1:])
+    path = write_result(outcome)
+    print(outcome.markdown())
+    print(f"wrote {path}")

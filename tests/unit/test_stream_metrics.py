@@ -1,0 +1,120 @@
+"""The streaming job's per-batch figures: joined, formatted, exported (no servers)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pipelines.settings import Settings
+from pipelines.stream_metrics import (
+    BatchStats,
+    MetricsRecorder,
+    format_batch_line,
+    progress_path,
+    prometheus_text,
+    read_progress,
+    textfile_path,
+)
+
+
+class DownRedis:
+    """A Redis client whose server is gone: every call fails like a refused connection."""
+
+    def __getattr__(self, name: str) -> Any:
+        def fail(*args: Any, **kwargs: Any) -> Any:
+            raise ConnectionError("Connection refused")
+
+        return fail
+
+
+@pytest.fixture()
+def settings(tmp_path: Path) -> Settings:
+    return Settings(_env_file=None, data_dir=str(tmp_path / "data"),  # type: ignore[call-arg]
+                    redis_url="redis://127.0.0.1:1/0")
+
+
+def _stats(batch_id: int = 7, *, rows: int = 95, freshness: Any = (0.4, 0.9, 1.2)) -> BatchStats:
+    return BatchStats(batch_id=batch_id, rows=rows, valid=90, quarantined=8, late=3, on_time=87,
+                      clock_us=1_717_243_200_000_000, freshness_s=freshness, foreach_seconds=0.8)
+
+
+def _progress(batch_id: int = 7, input_rows: int = 100) -> dict[str, Any]:
+    return {"batchId": batch_id, "name": "shopstream-events", "numInputRows": input_rows,
+            "inputRowsPerSecond": 50.0, "processedRowsPerSecond": 80.0, "batchDuration": 1250,
+            "stateOperators": [{"numRowsTotal": 4321}]}
+
+
+def test_record_joins_batch_stats_with_spark_progress(settings: Settings) -> None:
+    recorder = MetricsRecorder(settings, _client=DownRedis())
+    recorder.record_batch(_stats())
+    metrics = recorder.on_progress(_progress())
+    assert metrics is not None
+    assert (metrics.input_rows, metrics.duplicates_dropped, metrics.quarantined, metrics.late) == (
+        100, 5, 8, 3)
+    assert (metrics.freshness_p50_s, metrics.freshness_p99_s, metrics.freshness_max_s) == (0.4, 0.9, 1.2)
+    assert metrics.clock == "2024-06-01T12:00:00+00:00"
+    assert metrics.state_rows == 4321
+    assert recorder.totals.late == 3 and recorder.totals.batches == 1
+
+
+def test_progress_without_batch_stats_is_ignored(settings: Settings) -> None:
+    recorder = MetricsRecorder(settings, _client=DownRedis())
+    assert recorder.on_progress(_progress(batch_id=3)) is None
+    assert recorder.totals.batches == 0
+
+
+def test_one_info_line_per_batch_says_what_happened(settings: Settings) -> None:
+    recorder = MetricsRecorder(settings, _client=DownRedis())
+    recorder.record_batch(_stats())
+    line = format_batch_line(recorder.on_progress(_progress()))  # type: ignore[arg-type]
+    assert line.startswith("batch 7: 100 rows in 1.25s")
+    for part in ("87 on time", "8 quarantined (3 late)", "5 duplicates",
+                 "freshness p50 0.40s p99 0.90s max 1.20s", "clock 2024-06-01T12:00:00"):
+        assert part in line
+
+
+def test_prometheus_textfile_parses_and_carries_totals(settings: Settings) -> None:
+    recorder = MetricsRecorder(settings, _client=DownRedis())
+    for batch in (1, 2):
+        recorder.record_batch(_stats(batch))
+        recorder.on_progress(_progress(batch))
+    text = prometheus_text(recorder.latest(), recorder.totals)  # type: ignore[arg-type]
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("shopstream_stream_late_rows_total", ())] == 6
+    assert samples[("shopstream_stream_input_rows_total", ())] == 200
+    assert samples[("shopstream_stream_freshness_seconds", (("quantile", "0.99"),))] == 0.9
+    assert samples[("shopstream_stream_batch_duration_seconds", ())] == 1.25
+
+
+def test_files_are_written_when_redis_is_down_and_status_reads_them(settings: Settings) -> None:
+    recorder = MetricsRecorder(settings, _client=DownRedis())
+    recorder.record_batch(_stats())
+    recorder.on_progress(_progress())  # Redis write fails: a warning, not an error
+    path = progress_path(settings)
+    assert path is not None and json.loads(path.read_text())["latest"]["batch_id"] == 7
+    prom = textfile_path(settings)
+    assert prom is not None and "shopstream_stream_batch_id 7" in prom.read_text()
+    shown = read_progress(settings, client=DownRedis())
+    assert shown["batch_id"] == "7" and shown["late"] == "3"
+
+
+def test_batch_without_online_write_has_no_freshness(settings: Settings) -> None:
+    recorder = MetricsRecorder(settings, _client=DownRedis())
+    recorder.record_batch(_stats(freshness=None))
+    metrics = recorder.on_progress(_progress())
+    assert metrics is not None and metrics.freshness_p99_s is None
+    assert "freshness p50 - p99 - max -" in format_batch_line(metrics)
+    assert "freshness_seconds" not in prometheus_text(metrics, recorder.totals)
+
+
+def test_textfile_location_follows_settings(tmp_path: Path) -> None:
+    remote = Settings(_env_file=None, data_dir="s3a://bucket/shopstream")  # type: ignore[call-arg]
+    assert textfile_path(remote) is None and progress_path(remote) is None
+    explicit = Settings(_env_file=None, data_dir="s3a://bucket/shopstream",  # type: ignore[call-arg]
+                        stream_metrics_textfile=str(tmp_path / "node" / "stream.prom"))
+    assert textfile_path(explicit) == tmp_path / "node" / "stream.prom"
