@@ -215,8 +215,10 @@ def _stage_live_clicks(ctx: DemoContext) -> None:
     console.print(table)
     n_before = sum(1 for c in categories.values() if c == new_category)
     n_after = sum(1 for c in after_categories.values() if c == new_category)
-    console.print(f"items of category {new_category}: {n_before} before, {n_after} after "
-                  f"(features {after.get('freshness', {})})")
+    fresh = after.get("freshness", {}).get("user_activity") or {}
+    console.print(f"items of category {new_category}: {n_before} before, {n_after} after; "
+                  f"the user's features were {fresh.get('age_ms', '?')} ms old "
+                  f"(as of {fresh.get('as_of', '?')}), model version {after.get('model_version')}")
     ctx.notes["burst"] = {"user": user_id, "category": new_category, "before": n_before, "after": n_after}
 
 
