@@ -72,11 +72,11 @@ async def require_api_key(
         )
 
 
-def get_client(request: Request) -> AsyncServingClient:
+async def get_client(request: Request) -> AsyncServingClient:
     return request.app.state.client  # type: ignore[no-any-return]
 
 
-def get_metrics(request: Request) -> ServingMetrics:
+async def get_metrics(request: Request) -> ServingMetrics:
     return request.app.state.metrics  # type: ignore[no-any-return]
 
 
