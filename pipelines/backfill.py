@@ -110,11 +110,14 @@ def read_replay_file(
     replay`` would send them.
     """
     fmt = _format_of(path, fmt)
-    schema = "key binary, value binary"
     if fmt == "jsonl":
         from pipelines.producer import read_records
 
-        return spark.createDataFrame(list(read_records(Path(path))), schema)
+        keys, values = [], []
+        for key, value in read_records(Path(path)):
+            keys.append(key)
+            values.append(value)
+        return _records_frame(spark, keys, values)
     from pipelines.replay import PRESETS, Source, load_table, parse_mapping, plan_replay
 
     table = load_table(Path(path))
@@ -127,7 +130,15 @@ def read_replay_file(
     elif not overrides:
         overrides = {f.name: Source(column=f.name) for f in FIELDS if f.name in table.columns}
     plan = plan_replay(table, Path(path), preset=chosen, overrides=overrides)
-    return spark.createDataFrame(list(zip(plan.keys, plan.values, strict=True)), schema)
+    return _records_frame(spark, plan.keys, plan.values)
+
+
+def _records_frame(spark: SparkSession, keys: list[bytes | None], values: list[bytes]) -> DataFrame:
+    """``key``/``value`` binary rows, shipped to the JVM as one Arrow table (not row by row)."""
+    import pyarrow as pa
+
+    table = pa.table({"key": pa.array(keys, pa.binary()), "value": pa.array(values, pa.binary())})
+    return spark.createDataFrame(table)
 
 
 def _floor(ts: datetime, step: int) -> datetime:
@@ -352,25 +363,28 @@ def materialize_latest(
     from pyspark.sql import functions as F
 
     from features.tiles import item_metadata
+    from pipelines.connections import redis_client
     from pipelines.feast_store import feature_store
-    from pipelines.online_writer import (
-        write_entity_features,
-        write_item_metadata_df,
-        write_top_items_df,
-    )
+    from pipelines.online_writer import write_entity_rows, write_item_metadata, write_top_items
 
     spark = events.sparkSession
     feature_store(settings, apply=True)  # registry in place for get_online_features readers
+    client = redis_client(settings, timeout_ms=max(settings.redis_socket_timeout_ms, 5000))
     counts: dict[str, int] = {}
-    for spec in (USER_ACTIVITY, ITEM_STATS):
-        rows = snapshot_rows(spark, settings, spec.name, as_of, created).persist()
-        counts[spec.name] = rows.count()
-        write_entity_features(rows, settings, spec)
-        rows.unpersist()
-    top = snapshot_rows(spark, settings, "top_items", as_of, created)
-    counts["top_lists"] = write_top_items_df(top, settings, prune=True)
-    metadata = item_metadata(events.where(F.col("event_time") <= F.lit(as_of))).persist()
-    counts["item_metadata"] = metadata.count()
-    write_item_metadata_df(metadata, settings)
-    metadata.unpersist()
+    try:
+        # the rows of one as-of time (entities active in 24h) stream through the driver,
+        # partition by partition, in pipelined batches: no Python workers to start
+        for spec in (USER_ACTIVITY, ITEM_STATS):
+            rows = snapshot_rows(spark, settings, spec.name, as_of, created).select(
+                spec.join_key, *spec.feature_names, "event_timestamp")
+            counts[spec.name] = write_entity_rows(
+                client, spec, rows.toLocalIterator(), ttl_seconds=settings.online_ttl_seconds)
+        top = snapshot_rows(spark, settings, "top_items", as_of, created)
+        counts["top_lists"] = write_top_items(client, top.toLocalIterator(),
+                                              top_n=settings.feature_top_n, prune=True)
+        metadata = item_metadata(events.where(F.col("event_time") <= F.lit(as_of)))
+        counts["item_metadata"] = write_item_metadata(
+            client, metadata.toLocalIterator(), ttl_seconds=settings.online_ttl_seconds)
+    finally:
+        client.close()
     return counts
