@@ -439,7 +439,9 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
     rtm = None
     try:
         if settings.stream_mode == "realtime" and options.online:
-            from pipelines.streaming.realtime import start_realtime
+            from pipelines.streaming.realtime import check_slots, start_realtime
+
+            check_slots(spark, settings)
 
             rtm = start_realtime(spark, settings)
             options = StreamOptions(stop=options.stop, idle_seconds=options.idle_seconds,

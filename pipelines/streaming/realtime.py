@@ -1,0 +1,575 @@
+"""The online path in Spark's Real-time Mode (``trigger(realTime=...)``, Spark 4.1+; stateful in 4.3).
+
+A second query beside the micro-batch one (which keeps the quarantine, the raw
+events and the snapshots)::
+
+    Kafka -> verdict (features.validation) -> valid events
+      -> watermark(event_time, allowed lateness) -> dropDuplicates(event_id, event_time)
+      -> one aggregation: per (kind, key, tile) the full tile of users, items and sales
+         (update mode: every change is emitted at once, through a pipelined shuffle)
+      -> foreach writer: full tiles to Redis (idempotent overwrite), the clock T,
+         features of the touched entities as of T (Feast's layout), top lists
+
+Why one aggregation: Real-time Mode (like every update-mode query) runs a single
+streaming aggregation per query, and a second query would read Kafka again, so
+the three tile tables are one ``groupBy(kind, key, window)`` over events
+exploded into their three roles. The tile columns mirror :mod:`features.tiles`
+(checked by ``tests/integration/test_stream_realtime.py``).
+
+The writer runs on the executors, one row at a time, so the finalize step is
+the pure-Python mirror :func:`finalize_user`, :func:`finalize_item`,
+:func:`top_items` of :mod:`features.windows` (same rules; agreement test).
+Rows are buffered and flushed every ``FLUSH_SECONDS`` by a thread in the writer
+(pipelined writes, no round trip per row).
+
+Requirements found on Spark 4.3.0 with the 4.2.0 Kafka connector:
+
+* a stateful Real-time query needs all its stages' tasks at once: Kafka
+  partitions + shuffle partitions per stateful stage; at ``local[2]`` with a
+  2-partition topic it fails with ``CONCURRENT_SCHEDULER_INSUFFICIENT_SLOT``
+  ("needs 4 concurrent task slots ... only 2 are currently free"), so this mode
+  runs the query with 1 shuffle partition and needs ``local[N]``, N >= 6 (4
+  for it, 2 for the micro-batch query);
+* ``dropDuplicatesWithinWatermark`` is rejected
+  (``STREAMING_REAL_TIME_MODE.OPERATOR_OR_SINK_NOT_IN_ALLOWLIST``:
+  ``StreamingDeduplicateWithinWatermarkExec``), hence ``dropDuplicates`` with the
+  event time in the key and an event-time watermark;
+* ``foreachBatch`` is not a Real-time sink; ``foreach`` is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from features.tiles import ACTIVITY_WEIGHTS
+from features.windows import LONG_WINDOW, SHORT_WINDOW, WINDOW_SECONDS
+from pipelines.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+__all__ = [
+    "QUERY_NAME",
+    "FLUSH_SECONDS",
+    "realtime_tiles",
+    "finalize_user",
+    "finalize_item",
+    "top_items",
+    "RealtimeWriter",
+    "RealtimeQuery",
+    "start_realtime",
+    "rt_tiles_key",
+    "rt_clock_key",
+    "required_slots",
+    "check_slots",
+]
+
+log = logging.getLogger(__name__)
+
+QUERY_NAME = "shopstream-online-rtm"
+FLUSH_SECONDS = 0.01
+"""The writer's flush cadence: buffered tiles go to Redis at most this long after arriving."""
+TOP_EVERY_SECONDS = 0.25
+"""Top lists are recomputed at most this often per writer task (they read every sales tile)."""
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+# -------------------------------------------------------------------- keys
+def rt_tiles_key(kind: str, key: str) -> str:
+    """Tiles of one key written by the Real-time path (full tiles, overwritten)."""
+    from features import online_keys
+
+    return online_keys.key("tiles", "rt", kind, online_keys.encode_part(key))
+
+
+def rt_clock_key() -> str:
+    """The Real-time path's event-time clock (max event time written, epoch µs)."""
+    from features import online_keys
+
+    return online_keys.key("stream", "rt", "clock")
+
+
+# ------------------------------------------------------------ aggregation
+def realtime_tiles(events: DataFrame, *, slide_seconds: int, last_items_n: int) -> DataFrame:
+    """Validated events -> full tiles of all three kinds, in one aggregation.
+
+    Columns: ``kind`` (user, item, sales), ``key`` (user_id, item_id, or
+    item|category|region), ``tile_start``, then the union of the tile columns
+    of :mod:`features.tiles` with every time as epoch microseconds (``max_us``
+    is both ``last_event_time`` and ``category_time``; ``last_viewed`` entries
+    are ``(event_us, item_id)``), and ``region`` / ``price`` of the latest event
+    (item metadata).
+    """
+    from pyspark.sql import functions as F
+
+    from features.tiles import latest_distinct_items, sum_category_weights
+
+    view = F.col("event_type") == "view"
+    cart = F.col("event_type") == "add_to_cart"
+    purchase = F.col("event_type") == "purchase"
+    weight = F.lit(None).cast("double")
+    for event_type, value in reversed(list(ACTIVITY_WEIGHTS.items())):
+        weight = F.when(F.col("event_type") == event_type, F.lit(float(value))).otherwise(weight)
+    sales_key = F.concat_ws("|", *[F.url_encode(F.col(c)) for c in
+                                   ("item_id", "category_id", "region")])
+    roles = F.array(
+        F.struct(F.lit("user").alias("kind"), F.col("user_id").alias("key")),
+        F.struct(F.lit("item").alias("kind"), F.col("item_id").alias("key")),
+        F.when(purchase, F.struct(F.lit("sales").alias("kind"), sales_key.alias("key"))),
+    )
+    exploded = events.select("*", F.explode(F.filter(roles, lambda r: r.isNotNull())).alias("_r"))
+
+    def count(cond: Any) -> Any:
+        return F.sum(F.when(cond, F.lit(1)).otherwise(F.lit(0))).cast("bigint")
+
+    amount = F.col("price") * F.col("quantity").cast("double")
+    agg = exploded.groupBy(
+        F.col("_r.kind").alias("kind"), F.col("_r.key").alias("key"),
+        F.window("event_time", f"{int(slide_seconds)} seconds").alias("_tile"),
+    ).agg(
+        count(view).alias("views"),
+        count(cart).alias("carts"),
+        count(purchase).alias("purchases"),
+        F.coalesce(F.sum(F.when(purchase, amount)), F.lit(0.0)).cast("double").alias("spend"),
+        F.coalesce(F.sum(F.when(purchase, F.col("quantity").cast("bigint"))), F.lit(0)).cast(
+            "bigint").alias("units"),
+        F.collect_set(F.when(view, F.col("item_id"))).alias("items_viewed"),
+        F.collect_list(F.struct(F.col("category_id").alias("category_id"),
+                                weight.alias("weight"))).alias("_categories"),
+        F.max("event_time").alias("last_event_time"),
+        F.collect_list(F.when(view, F.struct(F.col("event_time").alias("event_time"),
+                                             F.col("item_id").alias("item_id")))).alias("_viewed"),
+        F.max_by("category_id", F.struct("event_time", "category_id")).alias("category_id"),
+        F.max_by("item_id", F.struct("event_time", "item_id")).alias("item_id"),
+        F.max_by("region", F.struct("event_time", "region")).alias("region"),
+        F.max_by("price", F.when(F.col("price").isNotNull(),
+                                 F.struct("event_time", "price"))).alias("price"),
+    )
+    # times leave Spark as epoch microseconds: no time zone on the way to Python
+    return agg.select(
+        "kind", "key", F.unix_seconds(F.col("_tile.start")).alias("tile_start"),
+        "views", "carts", "purchases", "spend", "units",
+        F.col("spend").alias("revenue"),
+        "items_viewed",
+        sum_category_weights(F.col("_categories")).alias("category_weights"),
+        F.transform(latest_distinct_items(F.col("_viewed"), last_items_n),
+                    lambda e: F.struct(F.unix_micros(e["event_time"]).alias("event_us"),
+                                       e["item_id"].alias("item_id"))).alias("last_viewed"),
+        "category_id", "item_id", "region", "price",
+        F.unix_micros("last_event_time").alias("max_us"),
+    )
+
+
+# ------------------------------------------------------- finalize (Python)
+def _us(ts: datetime) -> int:
+    return (ts - _EPOCH) // timedelta(microseconds=1)
+
+
+def _from_us(us: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=int(us))
+
+
+def _tile_of(ts: datetime, slide: int) -> int:
+    seconds = (ts - _EPOCH) // timedelta(seconds=1)
+    return seconds - seconds % slide
+
+
+def _in_window(tile_start: int, current: int, window: str) -> bool:
+    return current - WINDOW_SECONDS[window] < tile_start <= current
+
+
+def _latest_distinct(entries: Iterable[tuple[int, str]], n: int) -> list[str]:
+    """Item ids of (event µs, item) pairs: most recent first, ties by item id, distinct, n."""
+    ordered = sorted(entries, key=lambda e: (-e[0], e[1]))
+    seen: list[str] = []
+    for _, item in ordered:
+        if item not in seen:
+            seen.append(item)
+        if len(seen) == n:
+            break
+    return seen
+
+
+def finalize_user(user_id: str, tiles: list[Mapping[str, Any]], as_of: datetime, *,
+                  slide_seconds: int, last_items_n: int) -> dict[str, Any]:
+    """:func:`features.windows.finalize_user_features` for one user, in plain Python.
+
+    ``tiles``: dicts with the :data:`features.tiles.USER_TILE_COLUMNS` values,
+    times as epoch µs (``last_event_us``; ``last_viewed`` as ``(event_us, item_id)``).
+    """
+    current = _tile_of(as_of, slide_seconds)
+    tiles = [t for t in tiles if t["tile_start"] <= current]
+    row: dict[str, Any] = {"user_id": user_id}
+    for name in ("views", "carts", "purchases"):
+        for w in WINDOW_SECONDS:
+            row[f"{name}_{w}"] = sum(int(t[name]) for t in tiles
+                                     if _in_window(t["tile_start"], current, w))
+    for w in WINDOW_SECONDS:
+        row[f"spend_{w}"] = float(sum(float(t["spend"]) for t in tiles
+                                      if _in_window(t["tile_start"], current, w)))
+    short = [t for t in tiles if _in_window(t["tile_start"], current, SHORT_WINDOW)]
+    long = [t for t in tiles if _in_window(t["tile_start"], current, LONG_WINDOW)]
+    row["distinct_items_viewed_1h"] = len({i for t in short for i in t["items_viewed"]})
+    last = max((int(t["last_event_us"]) for t in long), default=None)
+    row["last_event_time"] = _from_us(last - last % 1_000_000) if last is not None else None
+    weights: dict[str, float] = defaultdict(float)
+    for t in long:
+        for entry in t["category_weights"]:
+            weights[entry["category_id"]] += float(entry["weight"])
+    affinity = sorted(weights.items(), key=lambda kv: (-kv[1], kv[0]))
+    row["top_category"] = affinity[0][0] if affinity else None
+    row["category_affinity_ids"] = [c for c, _ in affinity]
+    row["category_affinity_weights"] = [w for _, w in affinity]
+    row["last_viewed_items"] = _latest_distinct(
+        ((int(e["event_us"]), e["item_id"]) for t in long for e in t["last_viewed"]),
+        last_items_n)
+    row["event_timestamp"] = as_of
+    return row
+
+
+def _trending(units_short: int, units_long: int) -> float:
+    ratio = WINDOW_SECONDS[SHORT_WINDOW] / WINDOW_SECONDS[LONG_WINDOW]
+    return (float(units_short) + 1.0) / (float(units_long) * ratio + 1.0)
+
+
+def finalize_item(item_id: str, tiles: list[Mapping[str, Any]], as_of: datetime, *,
+                  slide_seconds: int) -> dict[str, Any]:
+    """:func:`features.windows.finalize_item_features` for one item, in plain Python.
+
+    ``tiles``: dicts with the :data:`features.tiles.ITEM_TILE_COLUMNS` values
+    (``category_us`` for ``category_time``, epoch µs).
+    """
+    current = _tile_of(as_of, slide_seconds)
+    tiles = [t for t in tiles if t["tile_start"] <= current]
+    long = [t for t in tiles if _in_window(t["tile_start"], current, LONG_WINDOW)]
+    latest = max(long, key=lambda t: (int(t["category_us"]), t["category_id"]), default=None)
+    row: dict[str, Any] = {"item_id": item_id,
+                           "category_id": latest["category_id"] if latest else None}
+    for name in ("views", "carts", "purchases", "units"):
+        for w in WINDOW_SECONDS:
+            row[f"{name}_{w}"] = sum(int(t[name]) for t in tiles
+                                     if _in_window(t["tile_start"], current, w))
+    for w in WINDOW_SECONDS:
+        row[f"revenue_{w}"] = float(sum(float(t["revenue"]) for t in tiles
+                                        if _in_window(t["tile_start"], current, w)))
+    for w in WINDOW_SECONDS:
+        views, buys = row[f"views_{w}"], row[f"purchases_{w}"]
+        row[f"conversion_rate_{w}"] = buys / views if views > 0 else 0.0
+    row["trending_score"] = _trending(row[f"units_{SHORT_WINDOW}"], row[f"units_{LONG_WINDOW}"])
+    row["event_timestamp"] = as_of
+    return row
+
+
+def top_items(sales: Iterable[Mapping[str, Any]], as_of: datetime, *, slide_seconds: int,
+              top_n: int) -> list[dict[str, Any]]:
+    """:func:`features.windows.finalize_top_items` in plain Python (rows of TOP_ITEM_COLUMNS)."""
+    current = _tile_of(as_of, slide_seconds)
+    units: dict[tuple[str | None, str | None, str], dict[str, int]] = defaultdict(
+        lambda: dict.fromkeys(WINDOW_SECONDS, 0))
+    for t in sales:
+        if t["tile_start"] > current:
+            continue
+        cat, reg, item = t["category_id"], t["region"], t["item_id"]
+        for scope in ((None, None), (cat, None), (None, reg), (cat, reg)):
+            for w in WINDOW_SECONDS:
+                if _in_window(t["tile_start"], current, w):
+                    units[(scope[0], scope[1], item)][w] += int(t["units"])
+    lists: dict[tuple[str, str, str | None, str | None], list[tuple[float, str]]] = defaultdict(list)
+    for (cat, reg, item), per_window in units.items():
+        for w in WINDOW_SECONDS:
+            if per_window[w] > 0:
+                lists[("top", w, cat, reg)].append((float(per_window[w]), item))
+        if per_window[SHORT_WINDOW] > 0:
+            score = _trending(per_window[SHORT_WINDOW], per_window[LONG_WINDOW])
+            lists[("trend", SHORT_WINDOW, cat, reg)].append((score, item))
+    rows = []
+    for (kind, window, cat, reg), entries in lists.items():
+        entries.sort(key=lambda e: (-e[0], e[1]))
+        for rank, (score, item) in enumerate(entries[:top_n], start=1):
+            rows.append({"kind": kind, "window": window, "category_id": cat, "region": reg,
+                         "item_id": item, "score": score, "rank": rank, "event_timestamp": as_of})
+    return rows
+
+
+# ------------------------------------------------------------------ writer
+def _encode_tile(row: Mapping[str, Any]) -> str:
+    return json.dumps(row, separators=(",", ":"))
+
+
+def _decode_tile(text: bytes | str) -> dict[str, Any]:
+    return json.loads(text)
+
+
+def _to_python(value: Any) -> Any:
+    if hasattr(value, "asDict"):
+        return {k: _to_python(v) for k, v in value.asDict().items()}
+    if isinstance(value, list):
+        return [_to_python(v) for v in value]
+    return value
+
+
+def _user_tile(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"tile_start": row["tile_start"], "views": row["views"], "carts": row["carts"],
+            "purchases": row["purchases"], "spend": row["spend"],
+            "items_viewed": row["items_viewed"], "category_weights": row["category_weights"],
+            "last_event_us": row["max_us"], "last_viewed": row["last_viewed"]}
+
+
+def _item_tile(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"tile_start": row["tile_start"], "category_id": row["category_id"],
+            "category_us": row["max_us"], "views": row["views"], "carts": row["carts"],
+            "purchases": row["purchases"], "units": row["units"], "revenue": row["revenue"]}
+
+
+_SALES_FIELDS = ("tile_start", "item_id", "category_id", "region", "purchases", "units", "revenue")
+_CLOCK_LUA = """
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+local new = tonumber(ARGV[1])
+if new > cur then redis.call('SET', KEYS[1], ARGV[1]); return ARGV[1] end
+return tostring(cur)
+"""
+
+
+class RealtimeWriter:
+    """``foreach`` writer: buffers tile rows, flushes them to Redis from a thread every few ms.
+
+    Picklable (plain settings values); the client and the thread are created in
+    :meth:`open`, on the executor. A replayed row overwrites a tile with the same
+    full value, so at-least-once delivery is harmless.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        from pipelines.connections import redis_kwargs
+
+        self.redis_kwargs = redis_kwargs(settings, timeout_ms=max(settings.redis_socket_timeout_ms,
+                                                                  5000))
+        self.slide = settings.feature_slide_seconds
+        self.last_items_n = settings.feature_last_items_n
+        self.top_n = settings.feature_top_n
+        self.ttl = settings.online_ttl_seconds
+
+    # -- ForeachWriter protocol
+    def open(self, partition_id: int, epoch_id: int) -> bool:
+        import redis
+
+        self._client = redis.Redis(**self.redis_kwargs)
+        self._clock = self._client.register_script(_CLOCK_LUA)
+        self._lock = threading.Lock()
+        self._buffer: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._last_top = 0.0
+        self._top_dirty = False
+        self._latencies: list[float] = []
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return True
+
+    def process(self, row: Any) -> None:
+        if self._error is not None:
+            raise self._error
+        with self._lock:
+            self._buffer.append(_to_python(row))
+
+    def close(self, error: BaseException | None) -> None:
+        self._stop.set()
+        self._thread.join()
+        try:
+            if error is None and self._error is None:
+                self.flush(force_top=self._top_dirty)
+                self._report()
+        finally:
+            self._client.close()
+        if self._error is not None and error is None:
+            raise self._error
+
+    # -- the flusher
+    def _run(self) -> None:
+        while not self._stop.wait(FLUSH_SECONDS):
+            try:
+                self.flush()
+            except BaseException as exc:  # noqa: BLE001 - surfaced by process()/close()
+                self._error = exc
+                return
+
+    def flush(self, force_top: bool = False) -> None:
+        from features.feast_layout import ITEM_STATS, USER_ACTIVITY
+        from pipelines import online_writer
+
+        with self._lock:
+            rows, self._buffer = self._buffer, []
+        if not rows and not (force_top or self._top_dirty):
+            return
+        latest: dict[tuple[str, str, int], dict[str, Any]] = {}
+        for row in rows:  # update mode: a later row of a tile replaces an earlier one
+            latest[(row["kind"], row["key"], row["tile_start"])] = row
+        client = self._client
+        touched: dict[str, set[str]] = {"user": set(), "item": set()}
+        meta: dict[str, dict[str, Any]] = {}
+        max_us = 0
+        with client.pipeline(transaction=False) as pipe:
+            for (kind, key, tile), row in latest.items():
+                max_us = max(max_us, int(row["max_us"]))
+                if kind == "sales":
+                    value = {f: row[f] for f in _SALES_FIELDS}
+                    pipe.hset(rt_tiles_key("sales", str(tile)), key, _encode_tile(value))
+                    pipe.expire(rt_tiles_key("sales", str(tile)), self.ttl)
+                    self._top_dirty = True
+                    continue
+                tile_value = _user_tile(row) if kind == "user" else _item_tile(row)
+                pipe.hset(rt_tiles_key(kind, key), str(tile), _encode_tile(tile_value))
+                pipe.expire(rt_tiles_key(kind, key), self.ttl)
+                touched[kind].add(key)
+                if kind == "item":
+                    old = meta.get(key)
+                    if old is None or row["max_us"] >= old["_us"]:
+                        meta[key] = {"item_id": key, "category_id": row["category_id"],
+                                     "region": row["region"], "price": row["price"],
+                                     "event_time": _from_us(row["max_us"]), "_us": row["max_us"]}
+            pipe.execute()
+        clock_us = int(self._clock(keys=[rt_clock_key()], args=[max_us]))
+        as_of = _from_us(clock_us)
+
+        users = sorted(touched["user"])
+        items = sorted(touched["item"])
+        with client.pipeline(transaction=False) as pipe:
+            for key in users:
+                pipe.hgetall(rt_tiles_key("user", key))
+            for key in items:
+                pipe.hgetall(rt_tiles_key("item", key))
+            stored = pipe.execute()
+        user_rows = [finalize_user(key, [_decode_tile(v) for v in m.values()], as_of,
+                                   slide_seconds=self.slide, last_items_n=self.last_items_n)
+                     for key, m in zip(users, stored[:len(users)], strict=True)]
+        item_rows = [finalize_item(key, [_decode_tile(v) for v in m.values()], as_of,
+                                   slide_seconds=self.slide)
+                     for key, m in zip(items, stored[len(users):], strict=True)]
+        if user_rows:
+            online_writer.write_entity_rows(client, USER_ACTIVITY, user_rows,
+                                            ttl_seconds=self.ttl)
+        if item_rows:
+            online_writer.write_entity_rows(client, ITEM_STATS, item_rows, ttl_seconds=self.ttl)
+        if meta:
+            online_writer.write_item_metadata(client, meta.values(), ttl_seconds=self.ttl)
+        done = time.time()
+        self._latencies.extend(done - r["max_us"] / 1e6 for r in latest.values())
+        if self._top_dirty and (force_top or done - self._last_top >= TOP_EVERY_SECONDS):
+            self._write_top(as_of)
+
+    def _write_top(self, as_of: datetime) -> None:
+        from pipelines import online_writer
+
+        current = _tile_of(as_of, self.slide)
+        starts = range(current - WINDOW_SECONDS[LONG_WINDOW] + self.slide, current + 1, self.slide)
+        with self._client.pipeline(transaction=False) as pipe:
+            for start in starts:
+                pipe.hgetall(rt_tiles_key("sales", str(start)))
+            stored = pipe.execute()
+        sales = [_decode_tile(v) for mapping in stored for v in mapping.values()]
+        rows = top_items(sales, as_of, slide_seconds=self.slide, top_n=self.top_n)
+        if rows:
+            online_writer.write_top_items(self._client, rows, top_n=self.top_n, prune=True)
+        self._last_top = time.time()
+        self._top_dirty = False
+
+    def _report(self) -> None:
+        """Freshness of this task's RTM batch into the progress hash (``rt_`` fields)."""
+        if not self._latencies:
+            return
+        from features.online_keys import stream_progress_key
+
+        values = sorted(self._latencies)
+
+        def pct(p: float) -> float:
+            return values[min(len(values) - 1, int(p * len(values)))]
+
+        self._client.hset(stream_progress_key(), mapping={
+            "rt_freshness_p50_s": f"{pct(0.5):.3f}", "rt_freshness_p99_s": f"{pct(0.99):.3f}",
+            "rt_freshness_max_s": f"{values[-1]:.3f}", "rt_tiles_written": str(len(values)),
+            "rt_updated": datetime.now(UTC).isoformat()})
+
+
+# ------------------------------------------------------------------- query
+class RealtimeQuery:
+    """The running Real-time query, with the hooks :func:`pipelines.stream.run_stream` uses."""
+
+    def __init__(self, query: StreamingQuery) -> None:
+        self.query = query
+
+    def caught_up(self) -> bool:
+        if self.query.exception() is not None:
+            raise self.query.exception()  # type: ignore[misc]
+        progress = self.query.lastProgress
+        return progress is not None and not progress.get("numInputRows", 0)
+
+    def stop(self) -> None:
+        if self.query.isActive:
+            self.query.stop()
+
+
+def required_slots(settings: Settings) -> int:
+    """Task slots Real-time Mode holds (Kafka partitions + 2 one-partition stateful stages)
+    plus what the micro-batch query beside it needs (its shuffle partitions)."""
+    return settings.kafka_topic_partitions + 2 + settings.spark_shuffle_partitions
+
+
+def check_slots(spark: SparkSession, settings: Settings) -> None:
+    """Fail early, with the fix, when the cluster cannot hold both queries' tasks."""
+    slots = spark.sparkContext.defaultParallelism
+    master = spark.sparkContext.master
+    if master.startswith("local"):
+        inner = master[len("local"):].strip("[]").split(",")[0] or "1"
+        slots = (os.cpu_count() or 1) if inner == "*" else int(inner)
+    need = required_slots(settings)
+    if slots < need:
+        raise RuntimeError(
+            f"Real-time Mode needs {need} concurrent task slots ({settings.kafka_topic_partitions} "
+            f"Kafka partitions + 2 stateful stages, plus {settings.spark_shuffle_partitions} for "
+            f"the micro-batch query) but {master} has {slots}; Spark would fail with "
+            "CONCURRENT_SCHEDULER_INSUFFICIENT_SLOT. Set SHOPSTREAM_SPARK_MASTER=local["
+            f"{need}] (threads; they may exceed the cores) or add executors.")
+
+
+def start_realtime(spark: SparkSession, settings: Settings) -> RealtimeQuery:
+    """Start the Real-time online query (see the module docstring); returns at once."""
+    from pyspark.sql import functions as F
+
+    from features.events import VALID_COLUMNS
+    from features.validation import with_verdict
+    from pipelines.stream import RAW_COLUMNS, query_checkpoint
+
+    raw = (spark.readStream.format("kafka").options(**settings.spark_kafka_options())
+           .option("subscribe", settings.kafka_topic_events)
+           .option("startingOffsets", settings.stream_starting_offsets).load())
+    checked = with_verdict(raw.select(*RAW_COLUMNS), now=F.col("timestamp"))
+    events = (checked.where(F.col("reason").isNull()).select(*VALID_COLUMNS)
+              .withWatermark("event_time", f"{settings.feature_allowed_lateness_seconds} seconds")
+              .dropDuplicates(["event_id", "event_time"]))
+    tiles = realtime_tiles(events, slide_seconds=settings.feature_slide_seconds,
+                           last_items_n=settings.feature_last_items_n)
+    # one shuffle partition per stateful stage: the query holds Kafka partitions + 2 slots
+    previous = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "1")
+    try:
+        query = (
+            tiles.writeStream.queryName(QUERY_NAME)
+            .outputMode("update")
+            .option("checkpointLocation", query_checkpoint(settings, QUERY_NAME))
+            .foreach(RealtimeWriter(settings))
+            .trigger(realTime=f"{settings.stream_realtime_checkpoint_seconds} seconds")
+            .start()
+        )
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", previous)
+    log.info("real-time online query %s started (checkpoint every %ss)", QUERY_NAME,
+             settings.stream_realtime_checkpoint_seconds)
+    return RealtimeQuery(query)

@@ -1,0 +1,167 @@
+"""The Real-time Mode online path: same tiles and features as features/, and end to end.
+
+The Real-time writer cannot call DataFrame functions (it runs per row on the
+executors), so its one-aggregation tiles and its Python finalize must agree
+with :mod:`features.tiles` / :mod:`features.windows`; these tests pin that.
+The end-to-end test runs ``shopstream stream --mode realtime`` (micro-batch
+query for the Parquet sinks + Real-time query for Redis) on the data set of
+``test_stream.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipelines.settings import Settings
+from tests.integration.test_stream import (
+    REPO,
+    _env,
+    check_stores,
+    create_topic,
+    expected_outcome,
+    produce,
+    stream_settings,
+    wave1,
+)
+from tests.integration.test_stream_state import EVENT_SCHEMA, _events, _sorted_rows, _unordered
+
+pytestmark = pytest.mark.integration
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+AS_OF = datetime(2024, 6, 1, 11, 14, 30, tzinfo=UTC)
+
+
+def _rt_rows(spark: Any, events: Any) -> dict[str, list[dict[str, Any]]]:
+    from pipelines.streaming.realtime import _item_tile, _to_python, _user_tile, realtime_tiles
+
+    out: dict[str, list[dict[str, Any]]] = {"user": [], "item": [], "sales": []}
+    for row in realtime_tiles(events, slide_seconds=60, last_items_n=4).collect():
+        out[row["kind"]].append(_to_python(row))
+    out["user_tiles"] = [dict(_user_tile(r), user_id=r["key"]) for r in out["user"]]
+    out["item_tiles"] = [dict(_item_tile(r), item_id=r["key"]) for r in out["item"]]
+    return out
+
+
+def test_one_aggregation_gives_the_tiles_of_features_tiles(spark: Any) -> None:
+    from features.tiles import item_tiles, sales_tiles, user_tiles
+
+    events = spark.createDataFrame(_events(400, 21), EVENT_SCHEMA)
+    rt = _rt_rows(spark, events)
+    expected_users = {(r["user_id"], r["tile_start"]): r.asDict(recursive=True) for r in
+                      user_tiles(events, slide_seconds=60, last_items_n=4).collect()}
+    assert len(rt["user_tiles"]) == len(expected_users)
+    for tile in rt["user_tiles"]:
+        want = expected_users[(tile["user_id"], tile["tile_start"])]
+        assert (tile["views"], tile["carts"], tile["purchases"]) == (
+            want["views"], want["carts"], want["purchases"])
+        assert tile["spend"] == pytest.approx(want["spend"], rel=1e-12)
+        assert sorted(tile["items_viewed"]) == sorted(want["items_viewed"])
+        assert sorted((c["category_id"], c["weight"]) for c in tile["category_weights"]) == sorted(
+            (c["category_id"], c["weight"]) for c in want["category_weights"])
+        assert [e["item_id"] for e in tile["last_viewed"]] == [
+            e["item_id"] for e in want["last_viewed"]]
+    expected_items = _sorted_rows(item_tiles(events, slide_seconds=60), ["item_id", "tile_start"])
+    got_items = sorted(rt["item_tiles"], key=lambda r: (r["item_id"], str(r["tile_start"])))
+    assert [(r["item_id"], r["tile_start"], r["category_id"], r["views"], r["units"])
+            for r in got_items] == [(r["item_id"], r["tile_start"], r["category_id"], r["views"],
+                                     r["units"]) for r in expected_items]
+    expected_sales = {(r["item_id"], r["category_id"], r["region"], r["tile_start"]):
+                      (r["purchases"], r["units"]) for r in
+                      sales_tiles(events, slide_seconds=60).collect()}
+    assert {(r["item_id"], r["category_id"], r["region"], r["tile_start"]):
+            (r["purchases"], r["units"]) for r in rt["sales"]} == expected_sales
+
+
+def test_python_finalize_agrees_with_features_windows(spark: Any) -> None:
+    from features.tiles import item_tiles, sales_tiles, user_tiles
+    from features.windows import (
+        finalize_item_features,
+        finalize_top_items,
+        finalize_user_features,
+    )
+    from pipelines.streaming.realtime import finalize_item, finalize_user, top_items
+
+    # events over 2 hours, as of a time inside the last tile: both windows and the head matter
+    events = spark.createDataFrame(
+        _events(600, 22, start=AS_OF - timedelta(hours=2), span_s=7200), EVENT_SCHEMA
+    ).where(f"event_time <= timestamp'{AS_OF:%Y-%m-%d %H:%M:%S}'")
+    rt = _rt_rows(spark, events)
+
+    spark_users = {r["user_id"]: r.asDict() for r in finalize_user_features(
+        user_tiles(events, slide_seconds=60, last_items_n=4), AS_OF, slide_seconds=60,
+        last_items_n=4).collect()}
+    by_user: dict[str, list[dict[str, Any]]] = {}
+    for tile in rt["user_tiles"]:
+        by_user.setdefault(tile["user_id"], []).append(tile)
+    assert set(by_user) == set(spark_users)
+    for user, tiles in by_user.items():
+        mine = finalize_user(user, tiles, AS_OF, slide_seconds=60, last_items_n=4)
+        want = spark_users[user]
+        for name, value in mine.items():
+            expected = want[name]
+            if name in ("event_timestamp", "last_event_time") and expected is not None:
+                expected = expected.replace(tzinfo=UTC)
+            if isinstance(value, float):
+                assert value == pytest.approx(expected, rel=1e-9), (user, name)
+            elif name == "category_affinity_weights":
+                assert value == pytest.approx(expected), (user, name)
+            else:
+                assert value == expected, (user, name)
+
+    spark_items = {r["item_id"]: r.asDict() for r in finalize_item_features(
+        item_tiles(events, slide_seconds=60), AS_OF, slide_seconds=60).collect()}
+    by_item: dict[str, list[dict[str, Any]]] = {}
+    for tile in rt["item_tiles"]:
+        by_item.setdefault(tile["item_id"], []).append(tile)
+    for item, tiles in by_item.items():
+        mine = finalize_item(item, tiles, AS_OF, slide_seconds=60)
+        want = spark_items[item]
+        for name, value in mine.items():
+            expected = want[name]
+            if name == "event_timestamp":
+                expected = expected.replace(tzinfo=UTC)
+            if isinstance(value, float):
+                assert value == pytest.approx(expected, rel=1e-9), (item, name)
+            else:
+                assert value == expected, (item, name)
+
+    spark_top = sorted((r["kind"], r["window"], r["category_id"] or "", r["region"] or "",
+                        r["rank"], r["item_id"], round(r["score"], 9))
+                       for r in finalize_top_items(sales_tiles(events, slide_seconds=60), AS_OF,
+                                                   slide_seconds=60, top_n=3).collect())
+    mine_top = sorted((r["kind"], r["window"], r["category_id"] or "", r["region"] or "",
+                       r["rank"], r["item_id"], round(r["score"], 9))
+                      for r in top_items(rt["sales"], AS_OF, slide_seconds=60, top_n=3))
+    assert mine_top == spark_top and spark_top
+
+
+def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
+    make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any, spark: Any,
+    tmp_path: Path,
+) -> None:
+    """Wave 1 only (no late events): the Real-time online values equal the batch values."""
+    topic = f"rtm.{tmp_path.name[-20:]}".replace("_", "-")
+    settings = stream_settings(make_settings, tmp_path, topic, stream_mode="realtime",
+                               stream_realtime_checkpoint_seconds=5, spark_master="local[6]")
+    create_topic(settings, topic)
+    first = wave1()
+    produce(settings, first)
+    env = _env(settings)
+    env.update(SHOPSTREAM_STREAM_MODE="realtime", SHOPSTREAM_SPARK_MASTER="local[6]",
+               SHOPSTREAM_STREAM_REALTIME_CHECKPOINT_SECONDS="5")
+    log_path = tmp_path / "stream.log"
+    with open(log_path, "ab") as log:
+        done = subprocess.run([sys.executable, "-m", "pipelines.cli", "stream", "--until-idle", "12"],
+                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900,
+                              check=False)
+    assert done.returncode == 0, log_path.read_text()[-3000:]
+    check_stores(spark, settings, expected_outcome(first))
