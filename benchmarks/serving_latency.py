@@ -167,7 +167,7 @@ def _in_process(settings: Any, users: list[str], n: int) -> dict[str, Any]:
     )
 
     def raw_hmget(user: str) -> bool:
-        _, (key, fields) = reader.command(user)
+        _, key, *fields = reader.command(user)
         raw.hmget(key, fields)
         return True
 

@@ -114,6 +114,9 @@ T = TypeVar("T")
 Flow = Generator[list[Cmd], list[Any], T]
 
 _STORE_ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, OSError, asyncio.TimeoutError)
+_OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
+    redis.ConnectionError, redis.TimeoutError, OSError, asyncio.TimeoutError,
+)
 _KIND_SHORT = {"top_sellers": "top", "trending": "trend"}
 _SCOPE_NAMES = {"global": "global", "cat": "category", "reg": "region", "catreg": "category_region"}
 _SCOPE_SOURCES: dict[str, Source] = {
@@ -148,10 +151,17 @@ def _int(raw: Any) -> int | None:
 
 
 def _pairs(raw: Any) -> list[Pair]:
-    """``ZREVRANGE ... WITHSCORES`` reply (redis-py already paired it) -> ``(item, score)``."""
+    """Raw ``ZREVRANGE ... WITHSCORES`` reply -> ``(item, score)`` pairs.
+
+    RESP2 sends ``[member, score, member, score, ...]`` (scores as text); RESP3
+    ``[[member, score], ...]``.
+    """
     if not raw:
         return []
-    return [(m.decode(), s) for m, s in raw]
+    if isinstance(raw[0], list):
+        return [(m.decode(), float(v)) for m, v in raw]
+    it = iter(raw)
+    return [(m.decode(), float(v)) for m, v in zip(it, it, strict=True)]
 
 
 def _seconds_to_ms(raw: Any) -> int | None:
@@ -173,7 +183,7 @@ def _freshness(as_of_ms: int | None, now_ms: int) -> Freshness:
 
 
 def _zrange(key: str, n: int) -> Cmd:
-    return ("zrevrange", (key, 0, n - 1, True))
+    return ("ZREVRANGE", key, 0, n - 1, "WITHSCORES")
 
 
 # ----------------------------------------------------------------- in-process state
@@ -307,6 +317,9 @@ class _Core:
         )
         self.live_version: str | None = None
         self.live_seen = False
+        self.switch_ms: dict[str, int | None] = {}
+        """When each version went live (epoch ms, from training's version history): read once
+        per version and switch, since it only changes when the pointer does."""
         self.categories = _TTLCache(settings.serving_item_cache_size, settings.serving_item_cache_ttl_seconds)
         self.memory = _Memory()
         self.breaker = _Breaker(settings.serving_breaker_cooldown_ms, settings.serving_breaker_failures)
@@ -323,6 +336,8 @@ class _Core:
             if self.live_seen:
                 log.info("live model version changed: %s -> %s", self.live_version, version)
             self.live_version = version
+            if version is not None:
+                self.switch_ms.pop(version, None)  # switched (back) to it: a new switch time
         self.live_seen = True
         return version
 
@@ -336,14 +351,18 @@ class _Core:
             self.metrics.set_redis_up(True)
 
     def on_failure(self, op: str, exc: BaseException) -> None:
-        kind = "timeout" if isinstance(exc, (redis.TimeoutError, TimeoutError, asyncio.TimeoutError)) else (
-            "response" if isinstance(exc, redis.ResponseError) else "connection"
-        )
+        if isinstance(exc, (redis.TimeoutError, TimeoutError, asyncio.TimeoutError)):
+            kind = "timeout"
+        elif isinstance(exc, _OUTAGE_ERRORS):
+            kind = "connection"
+        else:
+            kind = "response"
         if self.metrics:
             self.metrics.redis_error(kind)
-        if isinstance(exc, redis.ResponseError):
-            # A data problem (e.g. a key of the wrong type), not an outage: log, do not open.
-            log.error("online store rejected a %s read: %s", op, exc)
+        if not isinstance(exc, _OUTAGE_ERRORS):
+            # A data or programming problem (a key of the wrong type, a bad argument), not
+            # an outage: this answer degrades, the breaker stays closed.
+            log.error("online store rejected a %s read: %s: %s", op, type(exc).__name__, exc)
             return
         if self.breaker.failure():
             log.warning(
@@ -368,9 +387,9 @@ class _Core:
         scope = scope_for(category, region)
         key = top_sellers_key(window, scope) if kind == "top_sellers" else trending_key(window, scope)
         replies = yield [
-            ("get", (live_model_key(),)),
+            ("GET", live_model_key()),
             _zrange(key, k),
-            ("hget", (top_meta_key(), top_meta_field(_KIND_SHORT[kind], window, scope))),  # type: ignore[arg-type]
+            ("HGET", top_meta_key(), top_meta_field(_KIND_SHORT[kind], window, scope)),  # type: ignore[arg-type]
         ]
         now = _now_ms()
         live = self.see_live(replies[0])
@@ -436,15 +455,17 @@ class _Core:
         t_scope = scope_for(None, region)
         feature_cmd = self.reader.command(user_id)
 
-        batch: list[Cmd] = [("get", (live_model_key(),))]
+        batch: list[Cmd] = [("GET", live_model_key())]
         if n_trending:
             batch.append(_zrange(trending_key(t_window, t_scope), n_trending))
-            batch.append(("hget", (top_meta_key(), top_meta_field("trend", t_window, t_scope))))
+            batch.append(("HGET", top_meta_key(), top_meta_field("trend", t_window, t_scope)))
         if feature_cmd is not None:
             batch.append(feature_cmd)
+        want_switch_time = bool(version) and version not in self.switch_ms
         if version:
             batch.append(_zrange(user_recs_key(version, user_id), n_candidates))
-            batch.append(("zscore", (model_versions_key(), version)))
+            if want_switch_time:
+                batch.append(("ZSCORE", model_versions_key(), version))
         replies = yield batch
 
         now = _now_ms()
@@ -459,18 +480,20 @@ class _Core:
         if feature_cmd is not None:
             features = self.reader.decode(next(it))
         candidates: list[Pair] = []
-        model_as_of: int | None = None
         if version:
             candidates = _pairs(next(it))
-            model_as_of = _seconds_to_ms(next(it))
+            if want_switch_time:
+                self.switch_ms[version] = _seconds_to_ms(next(it))
         if live != version:
             # The live model moved since this process last looked: read the new version's
             # candidates (one more trip, once per switch and process).
-            candidates, model_as_of = [], None
+            candidates = []
             if live:
                 fresh = yield [_zrange(user_recs_key(live, user_id), n_candidates),
-                               ("zscore", (model_versions_key(), live))]
-                candidates, model_as_of = _pairs(fresh[0]), _seconds_to_ms(fresh[1])
+                               ("ZSCORE", model_versions_key(), live)]
+                candidates = _pairs(fresh[0])
+                self.switch_ms[live] = _seconds_to_ms(fresh[1])
+        model_as_of = self.switch_ms.get(live) if live else None
 
         # Item categories: only when the boost or the cold-start path can use them.
         needed: list[str] = []
@@ -530,7 +553,7 @@ class _Core:
         found, missing = self.categories.get_many(item_ids, now_s)
         if missing:
             missing = list(dict.fromkeys(missing))
-            replies = yield [("hget", (item_meta_key(i), ITEM_CATEGORY_FIELD)) for i in missing]
+            replies = yield [("HGET", item_meta_key(i), ITEM_CATEGORY_FIELD) for i in missing]
             for item, raw in zip(missing, replies, strict=True):
                 category = _text(raw)
                 found[item] = category
@@ -554,7 +577,7 @@ class _Core:
         batch: list[Cmd] = []
         for _, scope in tiers:
             batch.append(_zrange(top_sellers_key(window, scope), n))
-            batch.append(("hget", (top_meta_key(), top_meta_field("top", window, scope))))
+            batch.append(("HGET", top_meta_key(), top_meta_field("top", window, scope)))
         replies = yield batch
         now = _now_ms()
         personal: list[tuple[Source, list[Pair]]] = []
@@ -607,12 +630,14 @@ class _Core:
     def similar_flow(self, item_id: str, k: int) -> Flow[SimilarItemsResponse]:
         version = self.live_version
         batch: list[Cmd] = [
-            ("get", (live_model_key(),)),
-            ("hget", (item_meta_key(item_id), ITEM_CATEGORY_FIELD)),
+            ("GET", live_model_key()),
+            ("HGET", item_meta_key(item_id), ITEM_CATEGORY_FIELD),
         ]
+        want_switch_time = bool(version) and version not in self.switch_ms
         if version:
             batch.append(_zrange(similar_items_key(version, item_id), k + 1))
-            batch.append(("zscore", (model_versions_key(), version)))
+            if want_switch_time:
+                batch.append(("ZSCORE", model_versions_key(), version))
         replies = yield batch
         now = _now_ms()
         live = self.see_live(replies[0])
@@ -620,15 +645,18 @@ class _Core:
         if category is not None:
             self.categories.put(item_id, category, time.monotonic())
         similar: list[Pair] = []
-        model_as_of: int | None = None
         if version:
-            similar, model_as_of = _pairs(replies[2]), _seconds_to_ms(replies[3])
+            similar = _pairs(replies[2])
+            if want_switch_time:
+                self.switch_ms[version] = _seconds_to_ms(replies[3])
         if live != version:
-            similar, model_as_of = [], None
+            similar = []
             if live:
                 fresh = yield [_zrange(similar_items_key(live, item_id), k + 1),
-                               ("zscore", (model_versions_key(), live))]
-                similar, model_as_of = _pairs(fresh[0]), _seconds_to_ms(fresh[1])
+                               ("ZSCORE", model_versions_key(), live)]
+                similar = _pairs(fresh[0])
+                self.switch_ms[live] = _seconds_to_ms(fresh[1])
+        model_as_of = self.switch_ms.get(live) if live else None
         model_freshness = {"model": _freshness(model_as_of, now)} if live else {}
         if similar:
             items = [RankedItem(item_id=i, score=v, source="model")
@@ -673,11 +701,12 @@ class _Core:
         """Refresh the live pointer and the remembered global top sellers / trending lists."""
         size = self.settings.serving_fallback_size
         lists = [("top_sellers", w) for w in WINDOWS] + [("trending", w) for w in TRENDING_WINDOWS]
-        batch: list[Cmd] = [("get", (live_model_key(),))]
+        batch: list[Cmd] = [("GET", live_model_key())]
         for kind, window in lists:
             key = top_sellers_key(window, scope_for()) if kind == "top_sellers" else trending_key(window, scope_for())
             batch.append(_zrange(key, size))
-            batch.append(("hget", (top_meta_key(), top_meta_field(_KIND_SHORT[kind], window, scope_for()))))  # type: ignore[arg-type]
+            field = top_meta_field(_KIND_SHORT[kind], window, scope_for())  # type: ignore[arg-type]
+            batch.append(("HGET", top_meta_key(), field))
         replies = yield batch
         now = _now_ms()
         self.see_live(replies[0])
@@ -687,7 +716,7 @@ class _Core:
         return None
 
     def ready_flow(self) -> Flow[ReadyResponse]:
-        replies = yield [("ping", ()), ("get", (live_model_key(),))]
+        replies = yield [("PING",), ("GET", live_model_key())]
         live = self.see_live(replies[1])
         if live is None:
             return ReadyResponse(status="not_ready", redis=True, model_version=None,
@@ -797,10 +826,22 @@ class ServingClient:
         return result  # type: ignore[return-value]
 
     def _execute(self, batch: list[Cmd]) -> list[Any]:
-        pipe = self._redis.pipeline(transaction=False)
-        for name, args in batch:
-            getattr(pipe, name)(*args)
-        return pipe.execute()
+        """One round trip: every command of ``batch`` written at once, the raw replies read.
+
+        A pipeline without redis-py's per-command bookkeeping (response callbacks,
+        option dicts): the flows parse the raw replies themselves. A connection that
+        failed mid-way is dropped, never returned to the pool half-read.
+        """
+        pool = self._redis.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command(conn.pack_commands(batch), check_health=False)
+            return [conn.read_response() for _ in batch]
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
 
     # --- API ---------------------------------------------------------------
     def top_sellers(self, window: str = "1h", category: str | None = None,
@@ -903,10 +944,17 @@ class AsyncServingClient:
         return self._core.live_version
 
     async def _execute(self, batch: list[Cmd]) -> list[Any]:
-        pipe = self._redis.pipeline(transaction=False)
-        for name, args in batch:
-            getattr(pipe, name)(*args)
-        return await pipe.execute()  # type: ignore[no-any-return]
+        """One round trip (see :meth:`ServingClient._execute`)."""
+        pool = self._redis.connection_pool
+        conn = await pool.get_connection()
+        try:
+            await conn.send_packed_command(conn.pack_commands(batch), check_health=False)
+            return [await conn.read_response() for _ in batch]
+        except BaseException:
+            await conn.disconnect(nowait=True)
+            raise
+        finally:
+            await pool.release(conn)
 
     async def _run(self, op: str, flow: Flow[T], fallback: Callable[[], T]) -> T:
         core = self._core

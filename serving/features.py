@@ -22,8 +22,9 @@ from serving.rerank import UserFeatures
 
 __all__ = ["Cmd", "UserFeatureReader", "NoUserFeatures", "FeastUserFeatures", "default_reader"]
 
-Cmd = tuple[str, tuple[Any, ...]]
-"""One Redis command for a pipeline: (method name on the pipeline, positional args)."""
+Cmd = tuple[Any, ...]
+"""One Redis command as its raw arguments, e.g. ``("HMGET", key, field, ...)``; its reply
+reaches the flow unparsed (bytes, lists of bytes, ``None``)."""
 
 
 class UserFeatureReader(Protocol):
@@ -83,7 +84,7 @@ class FeastUserFeatures:
         self._fields.append(feast_layout.timestamp_field(self.name))
 
     def command(self, user_id: str) -> Cmd:
-        return ("hmget", (self.spec.redis_key(user_id, self.project), self._fields))
+        return ("HMGET", self.spec.redis_key(user_id, self.project), *self._fields)
 
     def decode(self, raw: Sequence[bytes | None] | None) -> UserFeatures | None:
         if not raw or raw[-1] is None:

@@ -42,6 +42,7 @@ __all__ = [
     "is_active",
     "user_signals",
     "rank_candidates",
+    "Sourced",
     "blend_fallback",
     "mix_trending",
     "rerank",
@@ -216,6 +217,48 @@ def rank_candidates(
     return [(item_id, score) for _, _, item_id, score in decorated]
 
 
+Sourced = tuple[str, float, Source]
+"""``(item_id, score, source)``: what the rules pass around; :class:`RankedItem` at the end."""
+
+
+def _ranked_items(items: Sequence[Sourced]) -> list[RankedItem]:
+    return [RankedItem(item_id=i, score=v, source=src) for i, v, src in items]
+
+
+def _blend(
+    personal: Sequence[tuple[Source, Sequence[Pair]]],
+    global_items: Sequence[Pair],
+    k: int,
+    exclude: Collection[str],
+) -> list[Sourced]:
+    out: list[Sourced] = []
+    seen: set[str] = set(exclude)
+    queues = [(source, list(items)) for source, items in personal if items]
+    positions = [0] * len(queues)
+    while len(out) < k and queues:
+        progressed = False
+        for qi, (source, items) in enumerate(queues):
+            while positions[qi] < len(items):
+                item_id, score = items[positions[qi]]
+                positions[qi] += 1
+                if item_id not in seen:
+                    seen.add(item_id)
+                    out.append((item_id, score, source))
+                    progressed = True
+                    break
+            if len(out) >= k:
+                break
+        if not progressed:
+            break
+    for item_id, score in global_items:
+        if len(out) >= k:
+            break
+        if item_id not in seen:
+            seen.add(item_id)
+            out.append((item_id, score, "top_sellers_global"))
+    return out
+
+
 def blend_fallback(
     personal: Sequence[tuple[Source, Sequence[Pair]]],
     global_items: Sequence[Pair],
@@ -229,31 +272,42 @@ def blend_fallback(
     interest is represented, then the global list fills what is left. Items in
     ``exclude`` and repeats are skipped.
     """
-    out: list[RankedItem] = []
-    seen: set[str] = set(exclude)
-    queues = [(source, list(items)) for source, items in personal if items]
-    positions = [0] * len(queues)
-    while len(out) < k and queues:
-        progressed = False
-        for qi, (source, items) in enumerate(queues):
-            while positions[qi] < len(items):
-                item_id, score = items[positions[qi]]
-                positions[qi] += 1
-                if item_id not in seen:
-                    seen.add(item_id)
-                    out.append(RankedItem(item_id=item_id, score=score, source=source))
-                    progressed = True
-                    break
-            if len(out) >= k:
-                break
-        if not progressed:
-            break
-    for item_id, score in global_items:
-        if len(out) >= k:
-            break
-        if item_id not in seen:
-            seen.add(item_id)
-            out.append(RankedItem(item_id=item_id, score=score, source="top_sellers_global"))
+    return _ranked_items(_blend(personal, global_items, k, exclude))
+
+
+def _mix(
+    ranked: Sequence[Sourced], trending: Sequence[Pair], k: int, share: float,
+    exclude: Collection[str],
+) -> list[Sourced]:
+    top = list(ranked[:k])
+    n_want = int(k * share + 0.5) if share > 0 else 0
+    listed = {r[0] for r in top}
+    pool: list[Pair] = []
+    for pair in trending:
+        if pair[0] not in listed and pair[0] not in exclude:
+            listed.add(pair[0])
+            pool.append(pair)
+    n_trend = min(n_want, len(pool))
+    base = top[: k - n_trend]
+    if len(base) < k - n_trend:
+        # Not enough ranked items: trending fills the tail after them.
+        n_trend = min(k - len(base), len(pool))
+        slots = set(range(len(base), len(base) + n_trend))
+    else:
+        total = len(base) + n_trend
+        slots = {int((j + 1) * total / (n_trend + 1)) for j in range(n_trend)}
+    if n_trend == 0:
+        return base
+    out: list[Sourced] = []
+    bi = ti = 0
+    for pos in range(len(base) + n_trend):
+        if (pos in slots or bi >= len(base)) and ti < n_trend:
+            item_id, score = pool[ti]
+            ti += 1
+            out.append((item_id, score, "trending"))
+        else:
+            out.append(base[bi])
+            bi += 1
     return out
 
 
@@ -272,36 +326,8 @@ def mix_trending(
     the spare slots, and when ``ranked`` is short, trending items fill the rest.
     The first slot always stays with ``ranked`` (when it has anything).
     """
-    top = list(ranked[:k])
-    n_want = int(k * share + 0.5) if share > 0 else 0
-    listed = {r.item_id for r in top}
-    pool: list[Pair] = []
-    for pair in trending:
-        if pair[0] not in listed and pair[0] not in exclude:
-            listed.add(pair[0])
-            pool.append(pair)
-    n_trend = min(n_want, len(pool))
-    base = top[: k - n_trend]
-    if len(base) < k - n_trend:
-        # Not enough ranked items: trending fills the tail after them.
-        n_trend = min(k - len(base), len(pool))
-        slots = set(range(len(base), len(base) + n_trend))
-    else:
-        total = len(base) + n_trend
-        slots = {int((j + 1) * total / (n_trend + 1)) for j in range(n_trend)}
-    if n_trend == 0:
-        return base
-    out: list[RankedItem] = []
-    bi = ti = 0
-    for pos in range(len(base) + n_trend):
-        if (pos in slots or bi >= len(base)) and ti < n_trend:
-            item_id, score = pool[ti]
-            ti += 1
-            out.append(RankedItem(item_id=item_id, score=score, source="trending"))
-        else:
-            out.append(base[bi])
-            bi += 1
-    return out
+    mixed = _mix([(r.item_id, r.score, r.source) for r in ranked], trending, k, share, exclude)
+    return _ranked_items(mixed)
 
 
 def rerank(
@@ -350,7 +376,7 @@ def rerank(
             candidates, item_categories, signals,
             category_boost=params.category_boost, exclude=exclude,
         )
-        base = [RankedItem(item_id=item_id, score=score, source="model") for item_id, score in ranked[:k]]
+        base: list[Sourced] = [(item_id, score, "model") for item_id, score in ranked[:k]]
     else:
-        base = blend_fallback(fallback_personal, fallback_global, k=k, exclude=exclude)
-    return mix_trending(base, trending, k=k, share=params.trending_share, exclude=exclude)
+        base = _blend(fallback_personal, fallback_global, k, exclude)
+    return _ranked_items(_mix(base, trending, k, params.trending_share, exclude))

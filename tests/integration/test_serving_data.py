@@ -216,7 +216,7 @@ def test_reader_returns_what_feast_get_online_features_returns(
     ).to_dict()
     reader = FeastUserFeatures()
     for i, user in enumerate(users):
-        key, fields = reader.command(user)[1]
+        _, key, *fields = reader.command(user)
         decoded = reader.decode(redis_client.hmget(key, fields))
         feast_row = {n: online[n][i] for n in names}
         if user == NEW_USER:
