@@ -280,10 +280,10 @@ def run_backfill(
     timings = {"read": round(time.monotonic() - started, 3)}
     if since is None or until is None:
         bounds = events.agg(F.min("event_time"), F.max("event_time")).first()
-        if bounds[0] is None:
+        if bounds is None or bounds[0] is None:
             raise ValueError("no events to backfill (empty source or range)")
-        since = since or _floor(_utc(bounds[0]), step)  # type: ignore[arg-type]
-        until = until or _ceil(_utc(bounds[1]), step)  # type: ignore[arg-type]
+        since = since or _floor(bounds[0].replace(tzinfo=UTC), step)
+        until = until or _ceil(bounds[1].replace(tzinfo=UTC), step)
     start, count = as_of_series(since, until, step)
     last_as_of = start + timedelta(seconds=step * (count - 1))
     manifest.inputs["time_range"] = {

@@ -153,6 +153,7 @@ def dataframe_digest(df: DataFrame, columns: Iterable[str]) -> tuple[int, str]:
         F.count(F.lit(1)).alias("n"),
         F.sum(F.xxhash64(*cols).cast("decimal(38,0)")).alias("s"),
     ).first()
+    assert row is not None  # a global aggregate always has one row
     n = int(row["n"])
     total = int(row["s"] or 0)
     return n, f"xxhash64-sum:{total % (1 << 64):016x}:{n}"

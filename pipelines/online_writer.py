@@ -104,7 +104,7 @@ def _local_python_workers(df: DataFrame) -> None:
     import sys
 
     sc = df.sparkSession.sparkContext
-    if sc.master.startswith("local") and getattr(sc, "pythonExec", sys.executable) != sys.executable:
+    if (sc.master or "").startswith("local") and getattr(sc, "pythonExec", sys.executable) != sys.executable:
         logger.debug("Python workers: %s -> %s", sc.pythonExec, sys.executable)
         sc.pythonExec = sys.executable
 
@@ -150,7 +150,7 @@ def write_entity_rows(
         if skip_older:
             with client.pipeline(transaction=False) as pipe:
                 for key in keys:
-                    pipe.hget(key, ts_field)
+                    pipe.hget(key, ts_field)  # type: ignore[arg-type]  # bytes keys are fine
                 stored = pipe.execute()
             keys = [
                 k for k, old in zip(keys, stored, strict=True)
@@ -160,7 +160,7 @@ def write_entity_rows(
             continue
         with client.pipeline(transaction=False) as pipe:
             for key in keys:
-                pipe.hset(key, mapping=encoded[key][1])
+                pipe.hset(key, mapping=encoded[key][1])  # type: ignore[arg-type]
                 if ttl_seconds:
                     pipe.expire(key, ttl_seconds)
             pipe.execute()
@@ -282,7 +282,8 @@ def write_top_items(
     meta_key = online_keys.top_meta_key()
 
     # which lists may be (re)written: not those with a newer stored as-of
-    stored_ms = {k.decode(): int(v) for k, v in client.hgetall(meta_key).items()}
+    stored: dict[bytes, bytes] = client.hgetall(meta_key)  # type: ignore[assignment]
+    stored_ms = {k.decode(): int(v) for k, v in stored.items()}
     fields = {(kind, window, scope): online_keys.top_meta_field(kind, window, scope)  # type: ignore[arg-type]
               for kind, window, scope in lists}
     fresh = [spec for spec in lists if stored_ms.get(fields[spec], -1) <= as_of_ms]
@@ -328,7 +329,8 @@ def write_top_items_df(top_items: DataFrame, settings: Settings, *, prune: bool 
 
     from pipelines.connections import redis_client
 
-    latest = top_items.agg(F.max("event_timestamp")).first()[0]
+    row = top_items.agg(F.max("event_timestamp")).first()
+    latest = row[0] if row is not None else None
     if latest is None:
         return 0
     rows = top_items.where(F.col("event_timestamp") == F.lit(latest)).collect()
