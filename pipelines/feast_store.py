@@ -314,6 +314,7 @@ def cli_environment(settings: Settings) -> dict[str, str]:
         "SHOPSTREAM_DATA_DIR": settings.data_path(),
         "FEAST_SHOPSTREAM_REGISTRY": registry_path(settings),
         "FEAST_SHOPSTREAM_REDIS": redis_connection_string(settings),
+        "FEAST_SHOPSTREAM_KEY_TTL": str(settings.online_ttl_seconds),
     }
 
 
