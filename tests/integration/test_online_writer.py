@@ -232,3 +232,16 @@ def test_write_item_metadata(redis_client: Any) -> None:
                  b"updated_ms": str(int(T.timestamp() * 1000)).encode()}
     assert b"price" not in redis_client.hgetall(online_keys.item_meta_key("B"))
     assert 0 < redis_client.ttl(online_keys.item_meta_key("B")) <= 3600
+
+
+def test_push_source_writes_the_same_layout(store: Any, redis_client: Any) -> None:
+    """Feast's own push path (what the stream could use instead) lands in the same hash."""
+    from feast.data_source import PushMode
+
+    from pipelines.online_writer import write_entity_rows
+
+    store.push("user_activity_push", pd.DataFrame([user_row("u1")]), to=PushMode.ONLINE)
+    pushed = snapshot(redis_client)
+    redis_client.flushdb()
+    write_entity_rows(redis_client, USER_ACTIVITY, [user_row("u1")])
+    assert snapshot(redis_client) == pushed
