@@ -332,11 +332,14 @@ def _item_tile(row: Mapping[str, Any]) -> dict[str, Any]:
 
 _SALES_FIELDS = ("tile_start", "item_id", "category_id", "region", "purchases", "units", "revenue")
 _CLOCK_LUA = """
-local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
-local new = tonumber(ARGV[1])
-if new > cur then redis.call('SET', KEYS[1], ARGV[1]); return ARGV[1] end
-return tostring(cur)
+local stored = redis.call('GET', KEYS[1])
+if (not stored) or tonumber(ARGV[1]) > tonumber(stored) then
+  redis.call('SET', KEYS[1], ARGV[1])
+  return ARGV[1]
+end
+return stored
 """
+"""Advance the clock to max(stored, new); returns it as the stored string (exact digits)."""
 
 
 class RealtimeWriter:
