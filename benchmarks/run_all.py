@@ -1,6 +1,6 @@
 """``make bench``: run every benchmark, then gather their tables into results/README.md.
 
-Each benchmark module exposes ``main() -> BenchResult``; the tables also go into the
+Each benchmark module exposes ``main(argv) -> BenchResult``; the tables also go into the
 project README between the ``<!-- bench:start -->`` and ``<!-- bench:end -->`` markers.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from benchmarks.common import RESULTS_DIR, write_result
 
-BENCHMARKS = ("streaming", "serving", "training")
+BENCHMARKS = ("streaming_throughput", "serving_latency")
 README = Path(__file__).resolve().parents[1] / "README.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(f"benchmarks.{name}")
         print(f"== benchmark: {name}", flush=True)
         try:
-            result = module.main()
+            result = module.main([])
         except Exception as exc:  # noqa: BLE001 - report and continue with the others
             logging.exception("benchmark %s failed", name)
             failed.append(f"{name}: {exc}")
