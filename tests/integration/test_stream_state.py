@@ -100,7 +100,7 @@ def test_tile_json_keeps_microseconds(spark: Any) -> None:
     back = back.select("user_id", "tile_start", "t.*")
     keys = ["user_id", "tile_start"]
     assert _sorted_rows(back, keys) == _sorted_rows(tiles, keys)
-    assert back.where(F.microsecond("last_event_time") % 1000 != 0).count() > 0
+    assert back.where(F.unix_micros("last_event_time") % 1000 != 0).count() > 0
 
 
 def test_a_replayed_batch_changes_nothing(
