@@ -219,22 +219,36 @@ def trending_score(units_short: Column, units_long: Column) -> Column:
     )
 
 
+def _in(window: str) -> Column:
+    """The per-row flag :func:`_prepare` computed: the tile is in ``window`` as of ``T``."""
+    return F.col(f"_in_{window}")
+
+
 def _prepare(tiles: DataFrame, as_of: AsOf, slide_seconds: int) -> DataFrame:
+    """Tiles at or before ``tile_start(T)``, with ``T`` and one in-window flag per window.
+
+    The flags are computed once per row here rather than in every aggregate.
+    """
     _check_slide(slide_seconds)
     with_as_of = tiles.withColumn(_AS_OF, _as_of_col(as_of).cast("timestamp"))
     current = tile_start_seconds(F.col(_AS_OF), slide_seconds)
-    return with_as_of.where(F.col("tile_start") <= current)
+    flags = {
+        f"_in_{w}": (F.col("tile_start") > F.col("_current") - F.lit(seconds))
+        for w, seconds in WINDOW_SECONDS.items()
+    }
+    return (with_as_of.withColumn("_current", current)
+            .where(F.col("tile_start") <= F.col("_current"))
+            .withColumns(flags)
+            .drop("_current"))
 
 
 def _windowed(column: str, window: str, slide_seconds: int, kind: str = "bigint") -> Column:
-    cond = in_window(F.col("tile_start"), F.col(_AS_OF), window, slide_seconds)
     zero = F.lit(0.0) if kind == "double" else F.lit(0)
-    return F.coalesce(F.sum(F.when(cond, F.col(column))), zero).cast(kind)
+    return F.coalesce(F.sum(F.when(_in(window), F.col(column))), zero).cast(kind)
 
 
 def _windowed_list(column: str, window: str, slide_seconds: int) -> Column:
-    cond = in_window(F.col("tile_start"), F.col(_AS_OF), window, slide_seconds)
-    return F.flatten(F.collect_list(F.when(cond, F.col(column))))
+    return F.flatten(F.collect_list(F.when(_in(window), F.col(column))))
 
 
 def finalize_user_features(
@@ -273,7 +287,7 @@ def finalize_user_features(
             aggs.append(_windowed(name, window, slide_seconds).alias(f"{name}_{window}"))
     for window in WINDOW_SECONDS:
         aggs.append(_windowed("spend", window, slide_seconds, "double").alias(f"spend_{window}"))
-    long_cond = in_window(F.col("tile_start"), F.col(_AS_OF), LONG_WINDOW, slide_seconds)
+    long_cond = _in(LONG_WINDOW)
     aggs += [
         _windowed_list("items_viewed", SHORT_WINDOW, slide_seconds).alias("_items_1h"),
         F.max(F.when(long_cond, F.col("last_event_time"))).alias("_last_event_time"),
@@ -320,11 +334,12 @@ def finalize_item_features(
     :data:`ITEM_FEATURE_COLUMNS`, one row per (item, ``T``).
     """
     prepared = _prepare(tiles, as_of, slide_seconds)
-    long_cond = in_window(F.col("tile_start"), F.col(_AS_OF), LONG_WINDOW, slide_seconds)
+    long_cond = _in(LONG_WINDOW)
     aggs: list[Column] = [
+        # tiles of one item cover disjoint time ranges, so their category_time values
+        # differ: a plain long ordering is deterministic (and keeps the hash aggregate)
         F.max_by(
-            F.col("category_id"),
-            F.when(long_cond, F.struct(F.col("category_time"), F.col("category_id"))),
+            F.col("category_id"), F.when(long_cond, F.unix_micros(F.col("category_time")))
         ).alias("category_id"),
     ]
     for name in ("views", "carts", "purchases", "units"):
