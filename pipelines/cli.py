@@ -545,12 +545,28 @@ def main() -> None:
     from pipelines.infra.jars import JarResolutionError
     from pipelines.infra.process import StartupError
 
+    # typer vendors click; its UsageError is the base of BadParameter, NoSuchOption, ...
+    usage_error = type(typer.BadParameter("")).__mro__[1]
+
     try:
-        app()
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
+    except usage_error as exc:  # type: ignore[misc]
+        # click's own errors (a malformed option value, an unknown option): one line naming it.
+        ctx = getattr(exc, "ctx", None)
+        command = ctx.command_path if ctx is not None else "shopstream"
+        message = exc.format_message()
+        if message:  # empty when click already printed the help (no arguments given)
+            console.print(f"[red]error:[/red] {command}: {message}", markup=True, highlight=False,
+                          soft_wrap=True)
+        sys.exit(getattr(exc, "exit_code", 2))
+    except typer.Abort:
+        console.print("aborted")
+        sys.exit(130)
     except (UserError, StartupError, JarResolutionError, FileNotFoundError) as exc:
         if _state["debug"]:
             raise
-        console.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        console.print(f"[red]error:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
         sys.exit(2 if isinstance(exc, UserError) else 1)
 
 
