@@ -12,26 +12,29 @@ reads the same record and so makes the same decisions.
 **Tile store** (:class:`TileStore`). The sliding windows are sums of tiles
 (:mod:`features.tiles`); the stream keeps each entity's tiles in Redis::
 
-    ss:v1:tiles:user:{user_id}      HASH  "{tile_start}" -> tile JSON, "_b" -> batch id
-    ss:v1:tiles:item:{item_id}      HASH  "{tile_start}" -> tile JSON, "_b" -> batch id
-    ss:v1:tiles:sales:{tile_start}  HASH  "{item}|{category}|{region}" -> tile JSON, "_b" -> batch id
-    ss:v1:stream:dirty:{kind}:{tile_start}  SET  entities touched while the clock was in that tile
+    ss:v1:tiles:user:{user_id}               HASH  "{tile_start}" -> tile JSON, "_b" -> batch id
+    ss:v1:tiles:item:{item_id}               HASH  "{tile_start}" -> tile JSON, "_b" -> batch id
+    ss:v1:tiles:sales:{item}|{cat}|{region}  HASH  "{tile_start}" -> tile JSON, "_b" -> batch id
+    ss:v1:tiles:sales-index                  SET   the sales keys (top lists read them all)
+    ss:v1:stream:dirty:{kind}:{tile_start}   SET   entities touched while the clock was in that tile
 
-Per micro-batch, all in Spark (no row goes to the driver):
+Per micro-batch, one Spark job (no row goes to the driver): the batch's tiles
+are computed with :mod:`features.tiles` (the backfill's functions),
+repartitioned by key, and each executor task, for its keys, pipelined by chunks:
 
-1. read the stored tiles of the keys the batch touches (one ``HGETALL`` per
-   key, pipelined, per partition) with their ``_b`` marker;
-2. merge: stored tiles + this batch's tile deltas, unless the marker says the
-   batch was already applied (a replay after a crash), with the merge rules
-   below (sums, set unions, latest-wins);
-3. write back the changed tiles, drop tiles that left the 24h window, and set
-   ``_b`` to the batch id -- one ``MULTI``/``EXEC`` per chunk of keys, so a
-   key is either fully updated or not at all;
-4. hand the merged tiles to :mod:`features.windows` to finalize the features
-   as of the batch's clock ``T``.
+1. reads the stored tiles of its keys (one ``HGETALL`` each) with their ``_b`` marker;
+2. merges this batch's tiles in (:mod:`pipelines.streaming.pyfeatures`: sums, set
+   unions, latest-wins) unless the marker says the batch is in already (a replay
+   after a crash);
+3. writes the changed tiles, drops those that left the 24h window and sets
+   ``_b`` to the batch id -- one ``MULTI``/``EXEC`` per chunk, so a key is
+   either fully updated or not at all;
+4. finalizes the users' and items' features as of the batch's clock ``T``
+   (the Python twin of :mod:`features.windows`) and writes them in Feast's layout.
 
-Values are full tiles, never increments, so writing them twice is harmless;
-the marker only stops a replay from adding its deltas a second time.
+A second one-task job recomputes the top lists from every sales tile of the
+window. Values are full tiles, never increments, so writing them twice is
+harmless; the marker only stops a replay from adding its deltas again.
 
 The keys have an owner (this job prunes them by event time) and, as a safety
 net against an abandoned deployment, the ``online_ttl_seconds`` TTL refreshed
@@ -43,7 +46,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -51,26 +54,26 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from features import online_keys
+from pipelines.streaming import pyfeatures as pyf
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
     "BatchLog",
     "BatchRecord",
     "TileStore",
-    "TileKind",
+    "PassConfig",
     "USER",
     "ITEM",
     "SALES",
     "MARKER_FIELD",
     "tiles_key",
     "dirty_key",
-    "merge_user_tiles",
-    "merge_item_tiles",
-    "merge_sales_tiles",
-    "tile_to_json",
-    "tile_from_json",
+    "sales_index_key",
+    "delta_rows",
+    "update_partition",
+    "top_partition",
     "release",
 ]
 
@@ -202,96 +205,14 @@ def tiles_key(kind: str, entity: str) -> str:
     return online_keys.key("tiles", kind, online_keys.encode_part(entity))
 
 
+def sales_index_key() -> str:
+    """Set of every sales key (``item|category|region``) that has tiles."""
+    return online_keys.key("tiles", "sales-index")
+
+
 def dirty_key(kind: str, generation: int) -> str:
     """Set of entities of ``kind`` touched while the clock was in tile ``generation``."""
     return online_keys.key("stream", "dirty", kind, str(int(generation)))
-
-
-# ------------------------------------------------------------- merge rules
-def _merge_sums(names: Iterable[str], kinds: dict[str, str]) -> list[Column]:
-    from pyspark.sql import functions as F
-
-    return [F.sum(n).cast(kinds.get(n, "bigint")).alias(n) for n in names]
-
-
-def _carry(tiles: DataFrame, carry: Iterable[str]) -> list[Column]:
-    """``max`` of extra columns (flags) carried through a merge."""
-    from pyspark.sql import functions as F
-
-    return [F.max(c).alias(c) for c in carry if c in tiles.columns]
-
-
-def merge_user_tiles(tiles: DataFrame, *, last_items_n: int, carry: Iterable[str] = ()) -> DataFrame:
-    """Merge rows of :func:`features.tiles.user_tiles` that share ``(user_id, tile_start)``.
-
-    The tile of the union of two event sets, from the two tiles: counts and
-    spend add, item sets unite, category weights add per category, the latest
-    event time wins, the last viewed items are re-ranked over both lists.
-    """
-    from pyspark.sql import functions as F
-
-    from features.tiles import USER_TILE_COLUMNS, latest_distinct_items, sum_category_weights
-
-    merged = tiles.groupBy("user_id", "tile_start").agg(
-        *_merge_sums(("views", "carts", "purchases"), {}),
-        F.sum("spend").cast("double").alias("spend"),
-        F.array_distinct(F.flatten(F.collect_list("items_viewed"))).alias("items_viewed"),
-        sum_category_weights(F.flatten(F.collect_list("category_weights"))).alias(
-            "category_weights"),
-        F.max("last_event_time").alias("last_event_time"),
-        latest_distinct_items(F.flatten(F.collect_list("last_viewed")), last_items_n).alias(
-            "last_viewed"),
-        *_carry(tiles, carry),
-    )
-    return merged.select(*USER_TILE_COLUMNS, *[c for c in carry if c in tiles.columns])
-
-
-def merge_item_tiles(tiles: DataFrame, *, carry: Iterable[str] = ()) -> DataFrame:
-    """Merge rows of :func:`features.tiles.item_tiles` that share ``(item_id, tile_start)``.
-
-    Counts, units and revenue add; the category of the latest event wins (ties:
-    the greatest category_id, as in the tile itself).
-    """
-    from pyspark.sql import functions as F
-
-    from features.tiles import ITEM_TILE_COLUMNS
-
-    merged = tiles.groupBy("item_id", "tile_start").agg(
-        F.max_by("category_id", F.struct("category_time", "category_id")).alias("category_id"),
-        F.max("category_time").alias("category_time"),
-        *_merge_sums(("views", "carts", "purchases", "units"), {}),
-        F.sum("revenue").cast("double").alias("revenue"),
-        *_carry(tiles, carry),
-    )
-    return merged.select(*ITEM_TILE_COLUMNS, *[c for c in carry if c in tiles.columns])
-
-
-def merge_sales_tiles(tiles: DataFrame, *, carry: Iterable[str] = ()) -> DataFrame:
-    """Merge rows of :func:`features.tiles.sales_tiles` sharing item, category, region and tile."""
-    from pyspark.sql import functions as F
-
-    from features.tiles import SALES_TILE_COLUMNS
-
-    merged = tiles.groupBy("item_id", "category_id", "region", "tile_start").agg(
-        *_merge_sums(("purchases", "units"), {}),
-        F.sum("revenue").cast("double").alias("revenue"),
-        *_carry(tiles, carry),
-    )
-    return merged.select(*SALES_TILE_COLUMNS, *[c for c in carry if c in tiles.columns])
-
-
-# ------------------------------------------------------------- tile codec
-def tile_to_json(tiles: DataFrame, value_columns: Iterable[str]) -> Column:
-    """The JSON stored in Redis for one tile row (microsecond timestamps)."""
-    from pyspark.sql import functions as F
-
-    return F.to_json(F.struct(*value_columns), JSON_OPTIONS)
-
-
-def tile_from_json(value: Column, schema: Any) -> Column:
-    from pyspark.sql import functions as F
-
-    return F.from_json(value, schema, JSON_OPTIONS)
 
 
 # ---------------------------------------------------------- checkpoints
@@ -317,57 +238,6 @@ def _chunks(rows: Iterable[Any], size: int) -> Iterator[list[Any]]:
         yield chunk
 
 
-def _read_partition(rows: Iterator[Any], *, redis_kwargs: dict[str, Any]) -> Iterator[tuple]:
-    """(kind, key) rows -> (kind, key, field, value) rows of each key's hash (pipelined)."""
-    import redis
-
-    client = redis.Redis(**redis_kwargs)
-    try:
-        for chunk in _chunks(rows, _CHUNK):
-            with client.pipeline(transaction=False) as pipe:
-                for kind, entity in chunk:
-                    pipe.hgetall(tiles_key(kind, entity))
-                stored = pipe.execute()
-            for (kind, entity), mapping in zip(chunk, stored, strict=True):
-                for field, value in mapping.items():
-                    yield kind, entity, field.decode("utf-8"), value.decode("utf-8")
-    finally:
-        client.close()
-
-
-def _write_partition(rows: Iterator[Any], *, redis_kwargs: dict[str, Any], batch_id: int,
-                     ttl_seconds: int, dirty_ttl_seconds: int, generation: int) -> None:
-    """(kind, key, sets map, dels list, drop) rows -> one MULTI/EXEC per chunk of keys.
-
-    Each key gets its changed tiles, loses its expired ones, records ``batch_id``
-    and joins the dirty set of its kind for the next feature snapshot.
-    """
-    import redis
-
-    client = redis.Redis(**redis_kwargs)
-    try:
-        for chunk in _chunks(rows, _CHUNK):
-            with client.pipeline(transaction=True) as tx:
-                for kind, entity, sets, dels, drop in chunk:
-                    key = tiles_key(kind, entity)
-                    if drop:
-                        tx.delete(key)
-                        continue
-                    if dels:
-                        tx.hdel(key, *dels)
-                    mapping = dict(sets or {})
-                    mapping[MARKER_FIELD] = str(batch_id)
-                    tx.hset(key, mapping=mapping)
-                    tx.expire(key, ttl_seconds)
-                    if kind != SALES.name:
-                        tx.sadd(dirty_key(kind, generation), entity)
-                for kind in {row[0] for row in chunk if row[0] != SALES.name}:
-                    tx.expire(dirty_key(kind, generation), dirty_ttl_seconds)
-                tx.execute()
-    finally:
-        client.close()
-
-
 def _members_partition(rows: Iterator[Any], *, redis_kwargs: dict[str, Any]) -> Iterator[tuple]:
     """(kind, set key) rows -> (kind, member) rows (SSCAN, so big sets stream)."""
     import redis
@@ -381,82 +251,224 @@ def _members_partition(rows: Iterator[Any], *, redis_kwargs: dict[str, Any]) -> 
         client.close()
 
 
-# -------------------------------------------------------------- tile kinds
+# ------------------------------------------------- the per-partition pass
 @dataclass(frozen=True)
-class TileKind:
-    """How one tile table maps onto Redis hashes.
+class PassConfig:
+    """Everything one executor pass needs (picklable)."""
 
-    ``key`` is the column that names the hash, ``field`` the expression of the
-    field inside it; ``value_columns`` go into the JSON.
+    redis_kwargs: dict[str, Any]
+    batch_id: int
+    as_of_us: int
+    slide: int
+    long_window: int
+    last_items_n: int
+    ttl: int
+    dirty_ttl: int
+    emit: bool
+
+    @property
+    def current(self) -> int:
+        return pyf.tile_of(self.as_of_us, self.slide)
+
+    @property
+    def cutoff(self) -> int:
+        """Tiles at or before it have left every window as of the clock."""
+        return self.current - self.long_window
+
+
+def _encode(row: Mapping[str, Any]) -> str:
+    def default(value: Any) -> Any:
+        if isinstance(value, datetime):
+            return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f+00:00")
+        raise TypeError(type(value).__name__)
+
+    return json.dumps(row, default=default, separators=(",", ":"))
+
+
+def update_partition(rows: Iterator[Any], *, cfg: PassConfig) -> Iterator[tuple[str, str]]:
+    """One partition of (kind, key, tile_start, tile JSON) rows -> Redis; yields snapshot rows.
+
+    Per key (users, items, sales keys ``item|category|region``), pipelined by
+    chunks: read the stored tiles and marker, merge this batch's deltas unless the
+    marker says they are in already, write the changed tiles, drop the expired
+    ones and set the marker in one ``MULTI``/``EXEC``; then finalize users and
+    items as of the clock and write them in Feast's layout. ``meta`` rows are
+    item metadata. With ``cfg.emit`` it yields ``(view, feature row JSON)``.
     """
+    import redis
 
-    name: str
-    key: str
-    value_columns: tuple[str, ...]
+    from features.feast_layout import ITEM_STATS, USER_ACTIVITY
+    from pipelines import online_writer
 
-    def field_col(self) -> Column:
-        from pyspark.sql import functions as F
+    deltas: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    metadata: list[dict[str, Any]] = []
+    for kind, key, _tile, value in rows:
+        if kind == "meta":
+            doc = json.loads(value)
+            doc["event_time"] = pyf.from_us(doc.pop("event_us"))
+            metadata.append(doc)
+            continue
+        bucket = deltas.setdefault((kind, key), [])
+        if value is not None:
+            bucket.append(json.loads(value))
+    as_of = pyf.from_us(cfg.as_of_us)
+    cutoff = cfg.cutoff
+    client = redis.Redis(**cfg.redis_kwargs)
+    try:
+        for chunk in _chunks(deltas.items(), _CHUNK):
+            with client.pipeline(transaction=False) as pipe:
+                for (kind, key), _ in chunk:
+                    pipe.hgetall(tiles_key(kind, key))
+                stored = pipe.execute()
+            users: list[dict[str, Any]] = []
+            items: list[dict[str, Any]] = []
+            with client.pipeline(transaction=True) as tx:
+                for ((kind, key), batch_tiles), mapping in zip(chunk, stored, strict=True):
+                    marker = int(mapping.pop(MARKER_FIELD.encode(), b"-1"))
+                    tiles = {int(f): json.loads(v) for f, v in mapping.items()}
+                    if batch_tiles and marker < cfg.batch_id:
+                        merge = pyf.MERGE[kind]
+                        changed: dict[str, str] = {}
+                        for delta in batch_tiles:
+                            start = int(delta["tile_start"])
+                            if start <= cutoff:
+                                continue  # already outside every window as of the clock
+                            old = tiles.get(start)
+                            tiles[start] = (delta if old is None
+                                            else merge(old, delta, last_items_n=cfg.last_items_n))
+                            changed[str(start)] = json.dumps(tiles[start], separators=(",", ":"))
+                        expired = [str(t) for t in tiles if t <= cutoff]
+                        redis_key = tiles_key(kind, key)
+                        if expired:
+                            tx.hdel(redis_key, *expired)
+                        tx.hset(redis_key, mapping={**changed, MARKER_FIELD: str(cfg.batch_id)})
+                        tx.expire(redis_key, cfg.ttl)
+                        if kind == SALES:
+                            tx.sadd(sales_index_key(), key)
+                        else:
+                            dirty = dirty_key(kind, cfg.current)
+                            tx.sadd(dirty, key)
+                            tx.expire(dirty, cfg.dirty_ttl)
+                    live = [t for start, t in tiles.items() if start > cutoff]
+                    if kind == USER:
+                        users.append(pyf.finalize_user(key, live, as_of, slide_seconds=cfg.slide,
+                                                       last_items_n=cfg.last_items_n))
+                    elif kind == ITEM:
+                        items.append(pyf.finalize_item(key, live, as_of, slide_seconds=cfg.slide))
+                tx.execute()
+            if users:
+                online_writer.write_entity_rows(client, USER_ACTIVITY, users, ttl_seconds=cfg.ttl)
+            if items:
+                online_writer.write_entity_rows(client, ITEM_STATS, items, ttl_seconds=cfg.ttl)
+            if cfg.emit:
+                yield from ((USER_ACTIVITY.name, _encode(r)) for r in users)
+                yield from ((ITEM_STATS.name, _encode(r)) for r in items)
+        if metadata:
+            online_writer.write_item_metadata(client, metadata, ttl_seconds=cfg.ttl)
+    finally:
+        client.close()
 
-        if self.name == "sales":
-            return F.concat_ws("|", *[F.url_encode(F.col(c)) for c in
-                                      ("item_id", "category_id", "region")])
-        return F.col("tile_start").cast("string")
 
-    def key_col(self) -> Column:
-        from pyspark.sql import functions as F
+def top_partition(_: Iterator[Any], *, cfg: PassConfig, top_n: int) -> Iterator[tuple[str, str]]:
+    """Top sellers / trending of every scope from every sales tile of the window (one task).
 
-        return F.col(self.key).cast("string")
+    Sales keys whose tiles have all left the 24h window are deleted here. With
+    ``cfg.emit`` it yields ``("top_items", row JSON)``.
+    """
+    import redis
 
+    from pipelines import online_writer
 
-def _kinds() -> tuple[TileKind, TileKind, TileKind]:
-    from features.tiles import ITEM_TILE_COLUMNS, SALES_TILE_COLUMNS, USER_TILE_COLUMNS
-
-    user = TileKind("user", "user_id", tuple(c for c in USER_TILE_COLUMNS
-                                             if c not in ("user_id", "tile_start")))
-    item = TileKind("item", "item_id", tuple(c for c in ITEM_TILE_COLUMNS
-                                             if c not in ("item_id", "tile_start")))
-    sales = TileKind("sales", "tile_start", tuple(c for c in SALES_TILE_COLUMNS
-                                                  if c != "tile_start"))
-    return user, item, sales
-
-
-USER, ITEM, SALES = _kinds()
+    client = redis.Redis(**cfg.redis_kwargs)
+    try:
+        keys = [m.decode("utf-8") for m in client.sscan_iter(sales_index_key(), count=1000)]
+        sales: list[dict[str, Any]] = []
+        gone: list[str] = []
+        for chunk in _chunks(keys, _CHUNK):
+            with client.pipeline(transaction=False) as pipe:
+                for key in chunk:
+                    pipe.hgetall(tiles_key(SALES, key))
+                stored = pipe.execute()
+            for key, mapping in zip(chunk, stored, strict=True):
+                mapping.pop(MARKER_FIELD.encode(), None)
+                live = [json.loads(v) for f, v in mapping.items() if int(f) > cfg.cutoff]
+                if live:
+                    sales.extend(live)
+                else:
+                    gone.append(key)
+        if gone:
+            with client.pipeline(transaction=True) as tx:
+                tx.delete(*[tiles_key(SALES, k) for k in gone])
+                tx.srem(sales_index_key(), *gone)
+                tx.execute()
+        rows = pyf.top_items(sales, pyf.from_us(cfg.as_of_us), slide_seconds=cfg.slide,
+                             top_n=top_n)
+        if rows:
+            online_writer.write_top_items(client, rows, top_n=top_n, prune=True)
+        if cfg.emit:
+            yield from (("top_items", _encode(r)) for r in rows)
+    finally:
+        client.close()
 
 
 # -------------------------------------------------------------- the store
-_CHANGED = "_changed"
-"""Flag carried through the merge: the tile got a delta from this batch."""
+USER, ITEM, SALES = "user", "item", "sales"
+"""Tile kinds (the ``kind`` part of :func:`tiles_key`)."""
 
 
-@dataclass(frozen=True)
-class MergedTiles:
-    """Tiles after a batch, per kind, in :mod:`features.tiles` column order.
+def delta_rows(events: DataFrame, *, slide_seconds: int, last_items_n: int) -> DataFrame:
+    """A batch's events -> (kind, key, tile_start, tile JSON) with :mod:`features.tiles`.
 
-    Backed by persisted frames; call :meth:`release` once the features computed
-    from them are written.
+    The tiles are exactly those of the backfill (same functions); times are
+    turned into epoch microseconds for the Python pass. ``meta`` rows carry
+    :func:`features.tiles.item_metadata`.
     """
+    from pyspark.sql import functions as F
 
-    users: DataFrame
-    items: DataFrame
-    sales: DataFrame
-    cached: tuple[DataFrame, ...]
+    from features.tiles import item_metadata, item_tiles, sales_tiles, user_tiles
 
-    def release(self) -> None:
-        for frame in self.cached:
-            release(frame)
+    users = user_tiles(events, slide_seconds=slide_seconds, last_items_n=last_items_n)
+    users = users.select(
+        F.lit(USER).alias("kind"), F.col("user_id").alias("key"), "tile_start",
+        F.to_json(F.struct(
+            "tile_start", "views", "carts", "purchases", "spend", "items_viewed",
+            "category_weights", F.unix_micros("last_event_time").alias("last_event_us"),
+            F.transform("last_viewed", lambda e: F.struct(
+                F.unix_micros(e["event_time"]).alias("event_us"),
+                e["item_id"].alias("item_id"))).alias("last_viewed"),
+        )).alias("value"))
+    items = item_tiles(events, slide_seconds=slide_seconds)
+    items = items.select(
+        F.lit(ITEM).alias("kind"), F.col("item_id").alias("key"), "tile_start",
+        F.to_json(F.struct(
+            "tile_start", "category_id", F.unix_micros("category_time").alias("category_us"),
+            "views", "carts", "purchases", "units", "revenue")).alias("value"))
+    sales = sales_tiles(events, slide_seconds=slide_seconds)
+    sales = sales.select(
+        F.lit(SALES).alias("kind"),
+        F.concat_ws("|", *[F.url_encode(F.col(c)) for c in ("item_id", "category_id", "region")])
+        .alias("key"),
+        "tile_start",
+        F.to_json(F.struct("tile_start", "item_id", "category_id", "region", "purchases",
+                           "units", "revenue")).alias("value"))
+    meta = item_metadata(events).select(
+        F.lit("meta").alias("kind"), F.col("item_id").alias("key"),
+        F.lit(None).cast("bigint").alias("tile_start"),
+        F.to_json(F.struct("item_id", "category_id", "region", "price",
+                           F.unix_micros("event_time").alias("event_us"))).alias("value"))
+    return users.unionByName(items).unionByName(sales).unionByName(meta)
 
 
 class TileStore:
-    """Idempotent tile state in Redis for the streaming job (see the module docstring).
+    """Idempotent tile state in Redis for the micro-batch job (see the module docstring).
 
     Parameters
     ----------
     redis_kwargs
         :func:`pipelines.connections.redis_kwargs` (picklable; clients are built
         on the executors).
-    slide_seconds, last_items_n, long_window_seconds
-        Tile size, last-viewed list length and the longest window (tiles older
-        than it, as of the clock, are dropped).
+    slide_seconds, last_items_n, top_n, long_window_seconds
+        Tile size, last-viewed list length, top-list length, longest window.
     ttl_seconds
         Safety-net TTL of every key, refreshed on write.
     dirty_ttl_seconds
@@ -464,26 +476,23 @@ class TileStore:
     """
 
     def __init__(self, redis_kwargs: dict[str, Any], *, slide_seconds: int, last_items_n: int,
-                 long_window_seconds: int, ttl_seconds: int,
+                 long_window_seconds: int, ttl_seconds: int, top_n: int = 100,
                  dirty_ttl_seconds: int = 24 * 3600) -> None:
         self.redis_kwargs = redis_kwargs
         self.slide = slide_seconds
         self.last_items_n = last_items_n
+        self.top_n = top_n
         self.long_window = long_window_seconds
         self.ttl = ttl_seconds
         self.dirty_ttl = dirty_ttl_seconds
 
     def tile_of(self, ts_us: int) -> int:
         """``tile_start`` (epoch seconds) of a time in epoch microseconds."""
-        step = self.slide * 1_000_000
-        return (ts_us - ts_us % step) // 1_000_000
+        return pyf.tile_of(ts_us, self.slide)
 
-    # -- reading
-    def _read(self, spark: SparkSession, keys: DataFrame) -> DataFrame:
-        """(kind, key) -> (kind, key, field, value), from Redis, on the executors."""
-        reader = partial(_read_partition, redis_kwargs=self.redis_kwargs)
-        rdd = keys.rdd.mapPartitions(lambda rows: reader((r[0], r[1]) for r in rows))
-        return spark.createDataFrame(rdd, "kind string, key string, field string, value string")
+    def config(self, batch_id: int, as_of_us: int, emit: bool) -> PassConfig:
+        return PassConfig(self.redis_kwargs, batch_id, as_of_us, self.slide, self.long_window,
+                          self.last_items_n, self.ttl, self.dirty_ttl, emit)
 
     def dirty_entities(self, spark: SparkSession, kind: str, generations: Iterable[int]) -> DataFrame:
         """(kind, key) rows: the entities in the dirty sets of ``generations`` (read on an executor)."""
@@ -494,135 +503,39 @@ class TileStore:
         rdd = spark.sparkContext.parallelize(sets, 1).mapPartitions(members)
         return spark.createDataFrame(rdd, "kind string, key string").distinct()
 
-    # -- the batch update
-    def apply(self, spark: SparkSession, *, batch_id: int, as_of_us: int,
-              prev_as_of_us: int | None, user_delta: DataFrame, item_delta: DataFrame,
-              sales_delta: DataFrame, extra_keys: DataFrame | None = None) -> MergedTiles:
-        """Merge a batch's tile deltas into Redis; return the merged tiles of every touched key.
+    def apply(self, spark: SparkSession, events: DataFrame, *, batch_id: int, as_of_us: int,
+              extra_keys: DataFrame | None = None, emit: bool = False) -> Any:
+        """Merge a batch into Redis and write the touched entities' features (one Spark job).
 
-        Parameters
-        ----------
-        batch_id
-            The micro-batch id (the idempotency marker).
-        as_of_us, prev_as_of_us
-            The clock after this batch and after the previous one (epoch µs).
-        user_delta, item_delta, sales_delta
-            This batch's tiles (:mod:`features.tiles` output over its on-time events).
-        extra_keys
-            More (kind, key) rows to read without changing them (the dirty
-            entities of a feature snapshot); their tiles are returned too.
-
-        Returns
-        -------
-        MergedTiles
-            Per kind, every stored tile of the touched keys merged with the
-            batch's deltas. Sales hold every tile of the 24h window (top sellers
-            rank over all of them).
+        Returns the RDD of ``(view, feature row JSON)`` pairs when ``emit`` (persisted;
+        the caller unpersists it), else ``None``.
         """
         from pyspark.sql import functions as F
 
-        current = self.tile_of(as_of_us)
-        cutoff = current - self.long_window  # tiles at or before it have left every window
-        prev = self.tile_of(prev_as_of_us) if prev_as_of_us is not None else None
-        kinds = (USER, ITEM, SALES)
-        deltas = {USER.name: user_delta.localCheckpoint(eager=False),
-                  ITEM.name: item_delta.localCheckpoint(eager=False),
-                  SALES.name: sales_delta.localCheckpoint(eager=False)}
-        cached: list[DataFrame] = list(deltas.values())
-
-        # 1. the keys to read: touched entities, every sales tile of the window, extras
-        keys = deltas[USER.name].select(F.lit(USER.name).alias("kind"),
-                                        USER.key_col().alias("key"))
-        keys = keys.unionByName(deltas[ITEM.name].select(F.lit(ITEM.name).alias("kind"),
-                                                         ITEM.key_col().alias("key")))
-        keys = keys.unionByName(
-            spark.range(cutoff + self.slide, current + 1, self.slide, numPartitions=1).select(
-                F.lit(SALES.name).alias("kind"), F.col("id").cast("string").alias("key")))
+        rows = delta_rows(events, slide_seconds=self.slide, last_items_n=self.last_items_n)
         if extra_keys is not None:
-            keys = keys.unionByName(extra_keys.select("kind", "key"))
-        keys = keys.distinct()
+            rows = rows.unionByName(extra_keys.select(
+                "kind", "key", F.lit(None).cast("bigint").alias("tile_start"),
+                F.lit(None).cast("string").alias("value")))
+        partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+        rows = rows.repartition(partitions, "kind", "key")
+        out = rows.rdd.mapPartitions(
+            partial(update_partition, cfg=self.config(batch_id, as_of_us, emit)))
+        if not emit:
+            out.foreach(lambda _: None)
+            return None
+        out = out.persist()
+        out.count()
+        return out
 
-        # 2. the stored state, read once (one HGETALL per key, pipelined) and kept
-        stored = self._read(spark, keys).localCheckpoint(eager=True)
-        cached.append(stored)
-        applied = F.broadcast(stored.where(
-            (F.col("field") == MARKER_FIELD) & (F.col("value").cast("bigint") >= F.lit(batch_id))
-        ).select("kind", F.col("key").alias("_applied")))
-
-        merged: dict[str, DataFrame] = {}
-        writes: DataFrame | None = None
-        for kind in kinds:
-            delta = deltas[kind.name]
-            schema = delta.select(*kind.value_columns).schema
-            tiles = stored.where((F.col("kind") == F.lit(kind.name))
-                                 & (F.col("field") != F.lit(MARKER_FIELD)))
-            decoded = tile_from_json(F.col("value"), schema).alias("t")
-            if kind is SALES:
-                parsed = tiles.select(F.col("key").cast("bigint").alias("tile_start"), decoded)
-                parsed = parsed.select("tile_start", "t.*")
-            else:
-                parsed = tiles.select(F.col("key").alias(kind.key),
-                                      F.col("field").cast("bigint").alias("tile_start"), decoded)
-                parsed = parsed.select(kind.key, "tile_start", "t.*")
-            # a replayed batch finds its own marker: its deltas are in Redis already
-            fresh = delta.join(
-                applied.where(F.col("kind") == F.lit(kind.name)).select("_applied"),
-                on=kind.key_col() == F.col("_applied"), how="left_anti")
-            combined = parsed.select(*delta.columns, F.lit(False).alias(_CHANGED)).unionByName(
-                fresh.select(*delta.columns, F.lit(True).alias(_CHANGED)))
-            if kind is USER:
-                all_tiles = merge_user_tiles(combined, last_items_n=self.last_items_n,
-                                             carry=(_CHANGED,))
-            elif kind is ITEM:
-                all_tiles = merge_item_tiles(combined, carry=(_CHANGED,))
-            else:
-                all_tiles = merge_sales_tiles(combined, carry=(_CHANGED,))
-            all_tiles = all_tiles.localCheckpoint(eager=False)
-            cached.append(all_tiles)
-            merged[kind.name] = all_tiles.drop(_CHANGED)
-            rows = self._write_rows(kind, all_tiles, cutoff)
-            writes = rows if writes is None else writes.unionByName(rows)
-
-        # 3. write back; sales tiles that left the 24h window since the last batch go
-        assert writes is not None
-        if prev is not None and prev < current:
-            lo = max(prev - self.long_window, cutoff - self.long_window)
-            gone = spark.range(lo + self.slide, cutoff + 1, self.slide, numPartitions=1).select(
-                F.lit(SALES.name).alias("kind"), F.col("id").cast("string").alias("key"),
-                F.lit(None).cast("map<string,string>").alias("sets"),
-                F.lit(None).cast("array<string>").alias("dels"), F.lit(True).alias("drop"))
-            writes = writes.unionByName(gone)
-        writer = partial(_write_partition, redis_kwargs=self.redis_kwargs, batch_id=batch_id,
-                         ttl_seconds=self.ttl, dirty_ttl_seconds=self.dirty_ttl,
-                         generation=current)
-        writes.foreachPartition(writer)
-
-        return MergedTiles(
-            users=merged[USER.name],
-            items=merged[ITEM.name],
-            sales=merged[SALES.name].where(F.col("tile_start") > F.lit(cutoff)),
-            cached=tuple(cached),
-        )
-
-    def _write_rows(self, kind: TileKind, all_tiles: DataFrame, cutoff: int) -> DataFrame:
-        """One row per key that got a delta: its changed tiles (JSON), its expired tiles.
-
-        (kind, key, sets map<field, json>, dels array<field>, drop false)
-        """
-        from pyspark.sql import functions as F
-
-        changed = F.col(_CHANGED) & (F.col("tile_start") > F.lit(cutoff))
-        entry = F.struct(kind.field_col().alias("field"),
-                         tile_to_json(all_tiles, kind.value_columns).alias("value"))
-        aggs = [
-            F.max(F.col(_CHANGED)).alias("_touched"),
-            F.map_from_entries(F.collect_list(F.when(changed, entry))).alias("sets"),
-        ]
-        if kind is SALES:
-            aggs.append(F.lit(None).cast("array<string>").alias("dels"))
-        else:
-            expired = F.when(F.col("tile_start") <= F.lit(cutoff), kind.field_col())
-            aggs.append(F.collect_list(expired).alias("dels"))
-        grouped = all_tiles.groupBy(kind.key_col().alias("key")).agg(*aggs)
-        return grouped.where("_touched").select(
-            F.lit(kind.name).alias("kind"), "key", "sets", "dels", F.lit(False).alias("drop"))
+    def write_top(self, spark: SparkSession, *, batch_id: int, as_of_us: int,
+                  emit: bool = False) -> Any:
+        """Recompute and replace every top list (one task); the rows RDD when ``emit``."""
+        out = spark.sparkContext.parallelize([0], 1).mapPartitions(
+            partial(top_partition, cfg=self.config(batch_id, as_of_us, emit), top_n=self.top_n))
+        if not emit:
+            out.foreach(lambda _: None)
+            return None
+        out = out.persist()
+        out.count()
+        return out

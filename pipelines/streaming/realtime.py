@@ -17,8 +17,8 @@ exploded into their three roles. The tile columns mirror :mod:`features.tiles`
 (checked by ``tests/integration/test_stream_realtime.py``).
 
 The writer runs on the executors, one row at a time, so the finalize step is
-the pure-Python mirror :func:`finalize_user`, :func:`finalize_item`,
-:func:`top_items` of :mod:`features.windows` (same rules; agreement test).
+the Python twin of :mod:`features.windows` (:mod:`pipelines.streaming.pyfeatures`,
+shared with the micro-batch path; agreement tests).
 Rows are buffered and flushed every ``FLUSH_SECONDS`` by a thread in the writer
 (pipelined writes, no round trip per row).
 
@@ -44,14 +44,14 @@ import logging
 import os
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime, timedelta
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from features.tiles import ACTIVITY_WEIGHTS
-from features.windows import LONG_WINDOW, SHORT_WINDOW, WINDOW_SECONDS
+from features.windows import LONG_WINDOW, WINDOW_SECONDS
 from pipelines.settings import Settings
+from pipelines.streaming.pyfeatures import finalize_item, finalize_user, from_us, tile_of, top_items
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -61,9 +61,6 @@ __all__ = [
     "QUERY_NAME",
     "FLUSH_SECONDS",
     "realtime_tiles",
-    "finalize_user",
-    "finalize_item",
-    "top_items",
     "RealtimeWriter",
     "RealtimeQuery",
     "start_realtime",
@@ -80,7 +77,6 @@ FLUSH_SECONDS = 0.01
 """The writer's flush cadence: buffered tiles go to Redis at most this long after arriving."""
 TOP_EVERY_SECONDS = 0.25
 """Top lists are recomputed at most this often per writer task (they read every sales tile)."""
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 # -------------------------------------------------------------------- keys
@@ -167,137 +163,6 @@ def realtime_tiles(events: DataFrame, *, slide_seconds: int, last_items_n: int) 
         "category_id", "item_id", "region", "price",
         F.unix_micros("last_event_time").alias("max_us"),
     )
-
-
-# ------------------------------------------------------- finalize (Python)
-def _us(ts: datetime) -> int:
-    return (ts - _EPOCH) // timedelta(microseconds=1)
-
-
-def _from_us(us: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=int(us))
-
-
-def _tile_of(ts: datetime, slide: int) -> int:
-    seconds = (ts - _EPOCH) // timedelta(seconds=1)
-    return seconds - seconds % slide
-
-
-def _in_window(tile_start: int, current: int, window: str) -> bool:
-    return current - WINDOW_SECONDS[window] < tile_start <= current
-
-
-def _latest_distinct(entries: Iterable[tuple[int, str]], n: int) -> list[str]:
-    """Item ids of (event µs, item) pairs: most recent first, ties by item id, distinct, n."""
-    ordered = sorted(entries, key=lambda e: (-e[0], e[1]))
-    seen: list[str] = []
-    for _, item in ordered:
-        if item not in seen:
-            seen.append(item)
-        if len(seen) == n:
-            break
-    return seen
-
-
-def finalize_user(user_id: str, tiles: list[Mapping[str, Any]], as_of: datetime, *,
-                  slide_seconds: int, last_items_n: int) -> dict[str, Any]:
-    """:func:`features.windows.finalize_user_features` for one user, in plain Python.
-
-    ``tiles``: dicts with the :data:`features.tiles.USER_TILE_COLUMNS` values,
-    times as epoch µs (``last_event_us``; ``last_viewed`` as ``(event_us, item_id)``).
-    """
-    current = _tile_of(as_of, slide_seconds)
-    tiles = [t for t in tiles if t["tile_start"] <= current]
-    row: dict[str, Any] = {"user_id": user_id}
-    for name in ("views", "carts", "purchases"):
-        for w in WINDOW_SECONDS:
-            row[f"{name}_{w}"] = sum(int(t[name]) for t in tiles
-                                     if _in_window(t["tile_start"], current, w))
-    for w in WINDOW_SECONDS:
-        row[f"spend_{w}"] = float(sum(float(t["spend"]) for t in tiles
-                                      if _in_window(t["tile_start"], current, w)))
-    short = [t for t in tiles if _in_window(t["tile_start"], current, SHORT_WINDOW)]
-    long = [t for t in tiles if _in_window(t["tile_start"], current, LONG_WINDOW)]
-    row["distinct_items_viewed_1h"] = len({i for t in short for i in t["items_viewed"]})
-    last = max((int(t["last_event_us"]) for t in long), default=None)
-    row["last_event_time"] = _from_us(last - last % 1_000_000) if last is not None else None
-    weights: dict[str, float] = defaultdict(float)
-    for t in long:
-        for entry in t["category_weights"]:
-            weights[entry["category_id"]] += float(entry["weight"])
-    affinity = sorted(weights.items(), key=lambda kv: (-kv[1], kv[0]))
-    row["top_category"] = affinity[0][0] if affinity else None
-    row["category_affinity_ids"] = [c for c, _ in affinity]
-    row["category_affinity_weights"] = [w for _, w in affinity]
-    row["last_viewed_items"] = _latest_distinct(
-        ((int(e["event_us"]), e["item_id"]) for t in long for e in t["last_viewed"]),
-        last_items_n)
-    row["event_timestamp"] = as_of
-    return row
-
-
-def _trending(units_short: int, units_long: int) -> float:
-    ratio = WINDOW_SECONDS[SHORT_WINDOW] / WINDOW_SECONDS[LONG_WINDOW]
-    return (float(units_short) + 1.0) / (float(units_long) * ratio + 1.0)
-
-
-def finalize_item(item_id: str, tiles: list[Mapping[str, Any]], as_of: datetime, *,
-                  slide_seconds: int) -> dict[str, Any]:
-    """:func:`features.windows.finalize_item_features` for one item, in plain Python.
-
-    ``tiles``: dicts with the :data:`features.tiles.ITEM_TILE_COLUMNS` values
-    (``category_us`` for ``category_time``, epoch µs).
-    """
-    current = _tile_of(as_of, slide_seconds)
-    tiles = [t for t in tiles if t["tile_start"] <= current]
-    long = [t for t in tiles if _in_window(t["tile_start"], current, LONG_WINDOW)]
-    latest = max(long, key=lambda t: (int(t["category_us"]), t["category_id"]), default=None)
-    row: dict[str, Any] = {"item_id": item_id,
-                           "category_id": latest["category_id"] if latest else None}
-    for name in ("views", "carts", "purchases", "units"):
-        for w in WINDOW_SECONDS:
-            row[f"{name}_{w}"] = sum(int(t[name]) for t in tiles
-                                     if _in_window(t["tile_start"], current, w))
-    for w in WINDOW_SECONDS:
-        row[f"revenue_{w}"] = float(sum(float(t["revenue"]) for t in tiles
-                                        if _in_window(t["tile_start"], current, w)))
-    for w in WINDOW_SECONDS:
-        views, buys = row[f"views_{w}"], row[f"purchases_{w}"]
-        row[f"conversion_rate_{w}"] = buys / views if views > 0 else 0.0
-    row["trending_score"] = _trending(row[f"units_{SHORT_WINDOW}"], row[f"units_{LONG_WINDOW}"])
-    row["event_timestamp"] = as_of
-    return row
-
-
-def top_items(sales: Iterable[Mapping[str, Any]], as_of: datetime, *, slide_seconds: int,
-              top_n: int) -> list[dict[str, Any]]:
-    """:func:`features.windows.finalize_top_items` in plain Python (rows of TOP_ITEM_COLUMNS)."""
-    current = _tile_of(as_of, slide_seconds)
-    units: dict[tuple[str | None, str | None, str], dict[str, int]] = defaultdict(
-        lambda: dict.fromkeys(WINDOW_SECONDS, 0))
-    for t in sales:
-        if t["tile_start"] > current:
-            continue
-        cat, reg, item = t["category_id"], t["region"], t["item_id"]
-        for scope in ((None, None), (cat, None), (None, reg), (cat, reg)):
-            for w in WINDOW_SECONDS:
-                if _in_window(t["tile_start"], current, w):
-                    units[(scope[0], scope[1], item)][w] += int(t["units"])
-    lists: dict[tuple[str, str, str | None, str | None], list[tuple[float, str]]] = defaultdict(list)
-    for (cat, reg, item), per_window in units.items():
-        for w in WINDOW_SECONDS:
-            if per_window[w] > 0:
-                lists[("top", w, cat, reg)].append((float(per_window[w]), item))
-        if per_window[SHORT_WINDOW] > 0:
-            score = _trending(per_window[SHORT_WINDOW], per_window[LONG_WINDOW])
-            lists[("trend", SHORT_WINDOW, cat, reg)].append((score, item))
-    rows = []
-    for (kind, window, cat, reg), entries in lists.items():
-        entries.sort(key=lambda e: (-e[0], e[1]))
-        for rank, (score, item) in enumerate(entries[:top_n], start=1):
-            rows.append({"kind": kind, "window": window, "category_id": cat, "region": reg,
-                         "item_id": item, "score": score, "rank": rank, "event_timestamp": as_of})
-    return rows
 
 
 # ------------------------------------------------------------------ writer
@@ -437,10 +302,10 @@ class RealtimeWriter:
                     if old is None or row["max_us"] >= old["_us"]:
                         meta[key] = {"item_id": key, "category_id": row["category_id"],
                                      "region": row["region"], "price": row["price"],
-                                     "event_time": _from_us(row["max_us"]), "_us": row["max_us"]}
+                                     "event_time": from_us(row["max_us"]), "_us": row["max_us"]}
             pipe.execute()
         clock_us = int(self._clock(keys=[rt_clock_key()], args=[max_us]))
-        as_of = _from_us(clock_us)
+        as_of = from_us(clock_us)
 
         users = sorted(touched["user"])
         items = sorted(touched["item"])
@@ -471,7 +336,7 @@ class RealtimeWriter:
     def _write_top(self, as_of: datetime) -> None:
         from pipelines import online_writer
 
-        current = _tile_of(as_of, self.slide)
+        current = tile_of(as_of, self.slide)
         starts = range(current - WINDOW_SECONDS[LONG_WINDOW] + self.slide, current + 1, self.slide)
         with self._client.pipeline(transaction=False) as pipe:
             for start in starts:

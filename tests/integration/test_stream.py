@@ -373,3 +373,62 @@ def test_stream_killed_twice_mid_batch_gives_the_same_results(
     assert StreamProcess(settings, log_path).wait(timeout=600) == 0, log_path.read_text()[-3000:]
 
     check_stores(spark, settings, expected_outcome(first + second))
+
+
+FRESHNESS_BOUND_S = 20.0
+"""A new purchase must be readable within this many seconds of being sent, with a 1 s
+trigger: a few trigger intervals plus one micro-batch on the shared 2-core machine."""
+
+
+def test_a_new_purchase_is_online_within_a_few_trigger_intervals(
+    make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any, spark: Any,
+    tmp_path: Path,
+) -> None:
+    import threading
+
+    from features.feast_layout import ITEM_STATS
+    from features.online_keys import scope_global, top_sellers_key
+    from pipelines.stream import StreamOptions, run_stream
+
+    topic = f"fresh.{tmp_path.name[-20:]}".replace("_", "-")
+    settings = stream_settings(make_settings, tmp_path, topic, stream_trigger_seconds=1.0)
+    create_topic(settings, topic)
+
+    def purchase(event_id: str, item: str) -> Sent:
+        now = datetime.now(UTC)
+        return Sent(b"u-fresh", _event(event_id, now, event_type="purchase", user="u-fresh",
+                                       item=item, price=3.0), int(now.timestamp() * 1000))
+
+    produce(settings, [purchase("warm-up", "i-warm")])
+    queries: list[Any] = []
+    started = threading.Event()
+    runner = threading.Thread(target=run_stream, daemon=True, kwargs=dict(
+        settings=settings, spark=spark, options=StreamOptions(stop="never", timeout_seconds=600),
+        on_started=lambda q: (queries.append(q), started.set())))
+    runner.start()
+    assert started.wait(300)
+    try:
+        # caught up: the warm-up purchase is online
+        deadline = time.monotonic() + 300
+        while not redis_client.exists(ITEM_STATS.redis_key("i-warm")):
+            assert time.monotonic() < deadline, "the stream never caught up"
+            time.sleep(0.1)
+        time.sleep(2)
+
+        produce(settings, [purchase("the-new-purchase", "i-new")])
+        sent = time.monotonic()
+        seen: dict[str, float] = {}
+        while len(seen) < 2 and time.monotonic() - sent < FRESHNESS_BOUND_S:
+            stored = redis_client.hgetall(ITEM_STATS.redis_key("i-new"))
+            if "features" not in seen and stored and ITEM_STATS.decode(stored)["purchases_1h"] == 1:
+                seen["features"] = time.monotonic() - sent
+            if "top" not in seen and redis_client.zscore(
+                    top_sellers_key("1h", scope_global()), "i-new") is not None:
+                seen["top"] = time.monotonic() - sent
+            time.sleep(0.05)
+        print(f"freshness of a new purchase: {seen} (bound {FRESHNESS_BOUND_S}s)")
+        assert set(seen) == {"features", "top"}, f"not online within {FRESHNESS_BOUND_S}s: {seen}"
+    finally:
+        for query in queries:
+            query.stop()
+        runner.join(120)

@@ -31,7 +31,7 @@ from tests.integration.test_stream import (
     stream_settings,
     wave1,
 )
-from tests.integration.test_stream_state import EVENT_SCHEMA, _events, _sorted_rows, _unordered
+from tests.integration.test_stream_state import EVENT_SCHEMA, _events, _sorted_rows
 
 pytestmark = pytest.mark.integration
 
@@ -88,7 +88,7 @@ def test_python_finalize_agrees_with_features_windows(spark: Any) -> None:
         finalize_top_items,
         finalize_user_features,
     )
-    from pipelines.streaming.realtime import finalize_item, finalize_user, top_items
+    from pipelines.streaming.pyfeatures import finalize_item, finalize_user, top_items
 
     # events over 2 hours, as of a time inside the last tile: both windows and the head matter
     events = spark.createDataFrame(

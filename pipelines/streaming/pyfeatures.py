@@ -1,0 +1,224 @@
+"""Plain-Python twins of :mod:`features.tiles` merging and :mod:`features.windows` finalizing.
+
+The streaming job updates the online store key by key on the executors, where
+DataFrame functions cannot run: the micro-batch path in a ``mapPartitions``
+pass, the Real-time path in a ``foreach`` writer. These functions do what the
+Spark ones do, rule for rule; ``tests/integration/test_stream_realtime.py`` and
+``test_stream_state.py`` run both over the same data and require the same
+values (doubles to 1e-9), and ``shopstream verify`` compares the stream's output
+with the backfill's Spark computation.
+
+Tiles are dicts with epoch-microsecond times (no time zones on the way):
+
+* user: ``tile_start, views, carts, purchases, spend, items_viewed,
+  category_weights [{category_id, weight}], last_event_us, last_viewed
+  [{event_us, item_id}]``
+* item: ``tile_start, category_id, category_us, views, carts, purchases, units, revenue``
+* sales: ``tile_start, item_id, category_id, region, purchases, units, revenue``
+
+Pure: no I/O, no Spark.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from features.windows import LONG_WINDOW, SHORT_WINDOW, WINDOW_SECONDS
+
+__all__ = [
+    "EPOCH",
+    "to_us",
+    "from_us",
+    "tile_of",
+    "in_window",
+    "latest_distinct",
+    "merge_user",
+    "merge_item",
+    "merge_sales",
+    "MERGE",
+    "finalize_user",
+    "finalize_item",
+    "trending_score",
+    "top_items",
+]
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def to_us(ts: datetime) -> int:
+    return (ts - EPOCH) // timedelta(microseconds=1)
+
+
+def from_us(us: int) -> datetime:
+    return EPOCH + timedelta(microseconds=int(us))
+
+
+def tile_of(ts: datetime | int, slide: int) -> int:
+    """``tile_start`` in epoch seconds of a datetime or of epoch microseconds."""
+    seconds = int(ts) // 1_000_000 if isinstance(ts, int) else (ts - EPOCH) // timedelta(seconds=1)
+    return seconds - seconds % slide
+
+
+def in_window(tile_start: int, current: int, window: str) -> bool:
+    """:func:`features.windows.in_window`: one of the ``W/s`` most recent tiles as of ``current``."""
+    return current - WINDOW_SECONDS[window] < tile_start <= current
+
+
+def _latest_entries(entries: Iterable[Mapping[str, Any]], n: int) -> list[dict[str, Any]]:
+    """:func:`features.tiles.latest_distinct_items`: most recent first, ties by item, distinct."""
+    ordered = sorted(entries, key=lambda e: (-int(e["event_us"]), e["item_id"]))
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for e in ordered:
+        if e["item_id"] not in seen:
+            seen.add(e["item_id"])
+            out.append({"event_us": int(e["event_us"]), "item_id": e["item_id"]})
+            if len(out) == n:
+                break
+    return out
+
+
+def latest_distinct(entries: Iterable[Mapping[str, Any]], n: int) -> list[str]:
+    return [e["item_id"] for e in _latest_entries(entries, n)]
+
+
+# ------------------------------------------------------------------ merge
+def merge_user(a: Mapping[str, Any], b: Mapping[str, Any], *, last_items_n: int) -> dict[str, Any]:
+    """The user tile of the union of two event sets (same user, same tile)."""
+    weights: dict[str, float] = defaultdict(float)
+    for entry in (*a["category_weights"], *b["category_weights"]):
+        weights[entry["category_id"]] += float(entry["weight"])
+    return {
+        "tile_start": a["tile_start"],
+        "views": int(a["views"]) + int(b["views"]),
+        "carts": int(a["carts"]) + int(b["carts"]),
+        "purchases": int(a["purchases"]) + int(b["purchases"]),
+        "spend": float(a["spend"]) + float(b["spend"]),
+        "items_viewed": sorted(set(a["items_viewed"]) | set(b["items_viewed"])),
+        "category_weights": [{"category_id": c, "weight": w} for c, w in sorted(weights.items())],
+        "last_event_us": max(int(a["last_event_us"]), int(b["last_event_us"])),
+        "last_viewed": _latest_entries((*a["last_viewed"], *b["last_viewed"]), last_items_n),
+    }
+
+
+def merge_item(a: Mapping[str, Any], b: Mapping[str, Any], **_: Any) -> dict[str, Any]:
+    """The item tile of the union (the latest event's category wins; ties: greatest id)."""
+    latest = max((a, b), key=lambda t: (int(t["category_us"]), t["category_id"]))
+    return {
+        "tile_start": a["tile_start"],
+        "category_id": latest["category_id"],
+        "category_us": int(latest["category_us"]),
+        **{k: int(a[k]) + int(b[k]) for k in ("views", "carts", "purchases", "units")},
+        "revenue": float(a["revenue"]) + float(b["revenue"]),
+    }
+
+
+def merge_sales(a: Mapping[str, Any], b: Mapping[str, Any], **_: Any) -> dict[str, Any]:
+    return {
+        **{k: a[k] for k in ("tile_start", "item_id", "category_id", "region")},
+        "purchases": int(a["purchases"]) + int(b["purchases"]),
+        "units": int(a["units"]) + int(b["units"]),
+        "revenue": float(a["revenue"]) + float(b["revenue"]),
+    }
+
+
+MERGE = {"user": merge_user, "item": merge_item, "sales": merge_sales}
+"""Merge rule per tile kind."""
+
+
+# ---------------------------------------------------------------- finalize
+def finalize_user(user_id: str, tiles: Iterable[Mapping[str, Any]], as_of: datetime, *,
+                  slide_seconds: int, last_items_n: int) -> dict[str, Any]:
+    """:func:`features.windows.finalize_user_features` for one user."""
+    current = tile_of(as_of, slide_seconds)
+    tiles = [t for t in tiles if int(t["tile_start"]) <= current]
+    row: dict[str, Any] = {"user_id": user_id}
+    for name in ("views", "carts", "purchases"):
+        for w in WINDOW_SECONDS:
+            row[f"{name}_{w}"] = sum(int(t[name]) for t in tiles
+                                     if in_window(int(t["tile_start"]), current, w))
+    for w in WINDOW_SECONDS:
+        row[f"spend_{w}"] = float(sum(float(t["spend"]) for t in tiles
+                                      if in_window(int(t["tile_start"]), current, w)))
+    short = [t for t in tiles if in_window(int(t["tile_start"]), current, SHORT_WINDOW)]
+    long = [t for t in tiles if in_window(int(t["tile_start"]), current, LONG_WINDOW)]
+    row["distinct_items_viewed_1h"] = len({i for t in short for i in t["items_viewed"]})
+    last = max((int(t["last_event_us"]) for t in long), default=None)
+    row["last_event_time"] = from_us(last - last % 1_000_000) if last is not None else None
+    weights: dict[str, float] = defaultdict(float)
+    for t in long:
+        for entry in t["category_weights"]:
+            weights[entry["category_id"]] += float(entry["weight"])
+    affinity = sorted(weights.items(), key=lambda kv: (-kv[1], kv[0]))
+    row["top_category"] = affinity[0][0] if affinity else None
+    row["category_affinity_ids"] = [c for c, _ in affinity]
+    row["category_affinity_weights"] = [w for _, w in affinity]
+    row["last_viewed_items"] = latest_distinct(
+        (e for t in long for e in t["last_viewed"]), last_items_n)
+    row["event_timestamp"] = as_of
+    return row
+
+
+def trending_score(units_short: int, units_long: int) -> float:
+    """:func:`features.windows.trending_score`."""
+    ratio = WINDOW_SECONDS[SHORT_WINDOW] / WINDOW_SECONDS[LONG_WINDOW]
+    return (float(units_short) + 1.0) / (float(units_long) * ratio + 1.0)
+
+
+def finalize_item(item_id: str, tiles: Iterable[Mapping[str, Any]], as_of: datetime, *,
+                  slide_seconds: int) -> dict[str, Any]:
+    """:func:`features.windows.finalize_item_features` for one item."""
+    current = tile_of(as_of, slide_seconds)
+    tiles = [t for t in tiles if int(t["tile_start"]) <= current]
+    long = [t for t in tiles if in_window(int(t["tile_start"]), current, LONG_WINDOW)]
+    latest = max(long, key=lambda t: (int(t["category_us"]), t["category_id"]), default=None)
+    row: dict[str, Any] = {"item_id": item_id,
+                           "category_id": latest["category_id"] if latest else None}
+    for name in ("views", "carts", "purchases", "units"):
+        for w in WINDOW_SECONDS:
+            row[f"{name}_{w}"] = sum(int(t[name]) for t in tiles
+                                     if in_window(int(t["tile_start"]), current, w))
+    for w in WINDOW_SECONDS:
+        row[f"revenue_{w}"] = float(sum(float(t["revenue"]) for t in tiles
+                                        if in_window(int(t["tile_start"]), current, w)))
+    for w in WINDOW_SECONDS:
+        views, buys = row[f"views_{w}"], row[f"purchases_{w}"]
+        row[f"conversion_rate_{w}"] = buys / views if views > 0 else 0.0
+    row["trending_score"] = trending_score(row[f"units_{SHORT_WINDOW}"], row[f"units_{LONG_WINDOW}"])
+    row["event_timestamp"] = as_of
+    return row
+
+
+def top_items(sales: Iterable[Mapping[str, Any]], as_of: datetime, *, slide_seconds: int,
+              top_n: int) -> list[dict[str, Any]]:
+    """:func:`features.windows.finalize_top_items` (rows of ``TOP_ITEM_COLUMNS``)."""
+    current = tile_of(as_of, slide_seconds)
+    units: dict[tuple[str | None, str | None, str], dict[str, int]] = defaultdict(
+        lambda: dict.fromkeys(WINDOW_SECONDS, 0))
+    for t in sales:
+        start = int(t["tile_start"])
+        if start > current:
+            continue
+        cat, reg, item = t["category_id"], t["region"], t["item_id"]
+        for scope in ((None, None), (cat, None), (None, reg), (cat, reg)):
+            for w in WINDOW_SECONDS:
+                if in_window(start, current, w):
+                    units[(scope[0], scope[1], item)][w] += int(t["units"])
+    lists: dict[tuple[str, str, str | None, str | None], list[tuple[float, str]]] = defaultdict(list)
+    for (cat, reg, item), per_window in units.items():
+        for w in WINDOW_SECONDS:
+            if per_window[w] > 0:
+                lists[("top", w, cat, reg)].append((float(per_window[w]), item))
+        if per_window[SHORT_WINDOW] > 0:
+            score = trending_score(per_window[SHORT_WINDOW], per_window[LONG_WINDOW])
+            lists[("trend", SHORT_WINDOW, cat, reg)].append((score, item))
+    rows = []
+    for (kind, window, cat, reg), entries in lists.items():
+        entries.sort(key=lambda e: (-e[0], e[1]))
+        for rank, (score, item) in enumerate(entries[:top_n], start=1):
+            rows.append({"kind": kind, "window": window, "category_id": cat, "region": reg,
+                         "item_id": item, "score": score, "rank": rank, "event_timestamp": as_of})
+    return rows
