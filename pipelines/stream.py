@@ -80,6 +80,8 @@ BATCH_COLUMN = "batch_id"
 """Extra partition level of the raw events and quarantine written by the stream: a
 replayed batch overwrites exactly its own files (dynamic partition overwrite)."""
 _DEDUP_KEY = "_dedup_key"
+DAEMON_MODULE = "pipelines.streaming.daemon"
+"""Python daemon with the executors' imports preloaded (see that module)."""
 _EVENT_COLUMNS: tuple[str, ...] = (
     "event_id", "event_type", "event_time", "user_id", "session_id", "item_id", "category_id",
     "region", "price", "quantity", "device",
@@ -138,28 +140,32 @@ def read_kafka(spark: SparkSession, settings: Settings) -> DataFrame:
 def checked_records(raw: DataFrame, settings: Settings) -> DataFrame:
     """Raw Kafka rows -> one row per record with its verdict, deduplicated by event_id.
 
-    * ``ingest_time`` is the micro-batch's timestamp (``current_timestamp()``,
-      fixed per batch and kept in the offset log, so a replay sees the same);
-    * the future-timestamp rule compares ``event_time`` with the earlier of the
-      record's Kafka timestamp and ``ingest_time``: both are logged, so a record
-      gets the same verdict on a replay, whenever that happens;
+    * the future-timestamp rule compares ``event_time`` with the record's Kafka
+      timestamp (when it was produced): part of the data, so a replay gives the
+      same verdict, and the same rule as the Real-time path's;
     * valid records are deduplicated by ``event_id`` (invalid ones by their
       Kafka coordinates, i.e. never), with ``dropDuplicatesWithinWatermark`` over
-      a watermark on ``ingest_time``: the batch's own timestamp is never behind
-      that watermark, so no row is ever dropped as late here, and the key
-      expires ``stream_dedup_retention_seconds`` later.
+      a watermark on ``ingest_time``, the micro-batch's timestamp
+      (``current_timestamp()``, kept in the offset log, so a replay sees the same):
+      a batch's own timestamp is never behind the watermark, so no row is ever
+      dropped as late here, and a key expires ``stream_dedup_retention_seconds``
+      later;
+    * the explicit repartition by the dedup key keeps the (large) validation
+      projection in a stage without per-batch literals, so its generated code is
+      compiled once, not every batch; the dedup operator reuses that partitioning.
     """
     from pyspark.sql import functions as F
 
-    records = raw.select(*RAW_COLUMNS).withColumn("ingest_time", F.current_timestamp())
-    now = F.least(F.coalesce(F.col("timestamp"), F.col("ingest_time")), F.col("ingest_time"))
-    checked = with_verdict(records, now=now)
+    checked = with_verdict(raw.select(*RAW_COLUMNS), now=F.col("timestamp"))
     coordinates = F.concat_ws("/", F.lit("k"), F.col("topic"), F.col("partition").cast("string"),
                               F.col("offset").cast("string"))
     key = F.when(F.col("reason").isNull(), F.concat(F.lit("e:"), F.col("event_id"))).otherwise(
         coordinates)
+    partitions = int(raw.sparkSession.conf.get("spark.sql.shuffle.partitions"))
     return (
         checked.withColumn(_DEDUP_KEY, key)
+        .repartition(partitions, _DEDUP_KEY)
+        .withColumn("ingest_time", F.current_timestamp())
         .withWatermark("ingest_time", f"{settings.stream_dedup_retention_seconds} seconds")
         .dropDuplicatesWithinWatermark([_DEDUP_KEY])
     )
@@ -272,15 +278,17 @@ class BatchProcessor:
         # localCheckpoint materializes the batch once (the Observation collects its
         # figures in the same job) and cuts the large validation plan out of the
         # lineage, so the many small plans below stay cheap to analyze.
+        # The threshold arrives through a one-row broadcast, not as a literal: the
+        # generated code of this stage stays the same from batch to batch (compiled once).
         valid = F.col("reason").isNull()
-        if prev_clock is None:
-            late = F.lit(False)
-        else:
-            late = valid & (F.unix_micros("event_time") < F.lit(prev_clock - lateness_us))
+        cut = -(2**63) if prev_clock is None else prev_clock - lateness_us
+        threshold = F.broadcast(spark.range(1).select(F.lit(cut).alias("_late_cut")))
+        is_late = valid & (F.unix_micros("event_time") < F.col("_late_cut"))
+        late = F.col("_late")
         on_time = valid & ~late
         et = F.when(on_time, F.unix_micros("event_time"))
-        observation = Observation(f"shopstream_batch_{batch_id}_{time.monotonic_ns()}")
-        checked = batch.select(*_BATCH_COLUMNS, late.alias("_late")).observe(
+        observation = Observation("shopstream_batch")  # a fixed name: generated code is reused
+        checked = batch.crossJoin(threshold).select(*_BATCH_COLUMNS, is_late.alias("_late")).observe(
             observation,
             F.count(F.lit(1)).alias("rows"),
             F.sum(F.when(~valid, 1).otherwise(0)).alias("invalid"),
@@ -355,6 +363,9 @@ def _spark_for(settings: Settings) -> SparkSession:
     # Python workers must be this interpreter (the venv with redis, feast, ...);
     # pyspark only looks at PYSPARK_PYTHON, read when the SparkContext starts.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # workers forked from a daemon that has the online writer imported already
+    os.environ.setdefault("PYSPARK_SUBMIT_ARGS",
+                          f"--conf spark.python.daemon.module={DAEMON_MODULE} pyspark-shell")
     spark = spark_session(settings, app_name="shopstream-stream")
     if not spark.sparkContext.master.startswith("local"):
         ship_code(spark)
