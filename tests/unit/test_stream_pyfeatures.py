@@ -1,0 +1,102 @@
+"""The stream's Python twin of the window rules: edges a user would trip over (no servers).
+
+Agreement with the Spark functions on random data is checked in
+``tests/integration/test_stream_realtime.py`` / ``test_stream_state.py``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from pipelines.streaming import pyfeatures as pyf
+
+T = datetime(2024, 6, 1, 12, 0, 30, tzinfo=UTC)
+TILE = pyf.tile_of(T, 60)  # 12:00:00
+
+
+def _user_tile(start: int, *, views: int = 1, item: str = "i1", us: int | None = None,
+               category: str = "c1", weight: float = 1.0) -> dict:
+    us = us if us is not None else (start + 10) * 1_000_000
+    return {"tile_start": start, "views": views, "carts": 0, "purchases": 0, "spend": 0.0,
+            "items_viewed": [item], "category_weights": [{"category_id": category, "weight": weight}],
+            "last_event_us": us, "last_viewed": [{"event_us": us, "item_id": item}]}
+
+
+def test_tile_of_floors_datetimes_and_microseconds_alike() -> None:
+    assert pyf.tile_of(T, 60) == pyf.tile_of(pyf.to_us(T), 60) == int(
+        datetime(2024, 6, 1, 12, 0, tzinfo=UTC).timestamp())
+    assert pyf.from_us(pyf.to_us(T)) == T
+
+
+@pytest.mark.parametrize(("offset", "short", "long"), [
+    (0, True, True),                 # the partial tile containing T
+    (-3540, True, True),             # the 60th most recent tile
+    (-3600, False, True),            # the 61st: out of 1h, in 24h
+    (-86_340, False, True),
+    (-86_400, False, False),         # out of every window
+    (60, False, False),              # after T's tile: ignored
+])
+def test_windows_hold_the_w_over_s_most_recent_tiles(offset: int, short: bool, long: bool) -> None:
+    assert pyf.in_window(TILE + offset, TILE, "1h") is short
+    assert pyf.in_window(TILE + offset, TILE, "24h") is long
+
+
+def test_user_features_sum_tiles_by_window_and_rank_recent_items() -> None:
+    tiles = [
+        _user_tile(TILE, views=2, item="a", category="shoes", weight=3.0),
+        _user_tile(TILE - 3600, views=5, item="b", category="hats", weight=1.0),
+        _user_tile(TILE - 86_400, views=7, item="c"),  # expired: contributes nothing
+    ]
+    row = pyf.finalize_user("u1", tiles, T, slide_seconds=60, last_items_n=10)
+    assert (row["views_1h"], row["views_24h"]) == (2, 7)
+    assert row["distinct_items_viewed_1h"] == 1
+    assert row["top_category"] == "shoes"
+    assert row["category_affinity_ids"] == ["shoes", "hats"]
+    assert row["last_viewed_items"] == ["a", "b"]
+    assert row["last_event_time"] == datetime(2024, 6, 1, 12, 0, 10, tzinfo=UTC)
+    assert row["event_timestamp"] == T
+
+
+def test_an_entity_with_only_expired_tiles_reads_zeros() -> None:
+    row = pyf.finalize_user("u1", [_user_tile(TILE - 86_400)], T, slide_seconds=60, last_items_n=3)
+    assert row["views_24h"] == 0 and row["last_event_time"] is None
+    assert row["top_category"] is None and row["last_viewed_items"] == []
+
+
+def test_merging_a_tile_twice_counts_it_twice_so_the_marker_must_guard_replays() -> None:
+    a = _user_tile(TILE, views=1, item="x", us=pyf.to_us(T))
+    b = _user_tile(TILE, views=2, item="y", us=pyf.to_us(T - timedelta(seconds=5)))
+    merged = pyf.merge_user(a, b, last_items_n=5)
+    assert merged["views"] == 3 and merged["items_viewed"] == ["x", "y"]
+    assert [e["item_id"] for e in merged["last_viewed"]] == ["x", "y"]
+    assert pyf.merge_user(merged, b, last_items_n=5)["views"] == 5
+
+
+def test_item_category_follows_the_latest_event_ties_to_the_greatest_id() -> None:
+    base = {"tile_start": TILE, "views": 1, "carts": 0, "purchases": 1, "units": 2, "revenue": 5.0}
+    old = {**base, "category_id": "b", "category_us": 10}
+    new = {**base, "category_id": "a", "category_us": 20}
+    tie = {**base, "category_id": "c", "category_us": 20}
+    assert pyf.merge_item(old, new)["category_id"] == "a"
+    assert pyf.merge_item(new, tie)["category_id"] == "c"
+    row = pyf.finalize_item("i1", [pyf.merge_item(old, new)], T, slide_seconds=60)
+    assert row["units_1h"] == 4 and row["conversion_rate_1h"] == 1.0
+    assert row["trending_score"] == pytest.approx((4 + 1) / (4 / 24 + 1))
+
+
+def test_top_lists_rank_by_units_then_item_id_per_scope() -> None:
+    def sale(item: str, units: int, cat: str = "c", reg: str = "UK", start: int = TILE) -> dict:
+        return {"tile_start": start, "item_id": item, "category_id": cat, "region": reg,
+                "purchases": 1, "units": units, "revenue": float(units)}
+
+    rows = pyf.top_items([sale("b", 3), sale("a", 3), sale("z", 5, cat="d", reg="FR"),
+                          sale("old", 9, start=TILE - 7200)], T, slide_seconds=60, top_n=2)
+    global_1h = [(r["rank"], r["item_id"]) for r in rows
+                 if (r["kind"], r["window"], r["category_id"], r["region"]) == ("top", "1h", None, None)]
+    assert global_1h == [(1, "z"), (2, "a")]
+    global_24h = [r["item_id"] for r in rows
+                  if (r["kind"], r["window"], r["category_id"], r["region"]) == ("top", "24h", None, None)]
+    assert global_24h == ["old", "z"]
+    assert not any(r["item_id"] == "old" for r in rows if r["kind"] == "trend")
