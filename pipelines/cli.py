@@ -202,7 +202,7 @@ def stream(
     Exactly once through the checkpoint (SHOPSTREAM_CHECKPOINT_DIR, default <data_dir>/checkpoints):
     a restart after a crash resumes where the last complete micro-batch ended.
     """
-    from pipelines.stream import StreamOptions, run_stream
+    from pipelines.stream import StreamFailed, StreamOptions, run_stream
 
     settings = load_settings()
     if mode is not None:
@@ -213,7 +213,13 @@ def stream(
         raise UserError("--available-now and --until-idle are alternatives; pick one")
     stop = "available_now" if available_now else ("idle" if until_idle is not None else "never")
     options = StreamOptions(stop=stop, idle_seconds=until_idle or 0.0, timeout_seconds=timeout)
-    recorder = run_stream(settings, options, stop_session=True)
+    try:
+        recorder = run_stream(settings, options, stop_session=True)
+    except StreamFailed as exc:
+        if _state["debug"]:
+            raise
+        raise UserError(f"the streaming query failed: {exc} (restart resumes from the checkpoint;"
+                        " --debug for the full error)") from exc
     t = recorder.totals
     out.print(f"stream stopped after {t.batches} batches: {t.input_rows} records read, "
               f"{t.on_time} events stored, {t.quarantined} quarantined ({t.late} late), "

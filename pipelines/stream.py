@@ -40,6 +40,7 @@ offline store follow it) and the Kafka / Redis addresses in the environment.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -69,6 +70,7 @@ __all__ = [
     "start_stream",
     "run_stream",
     "ship_code",
+    "StreamFailed",
 ]
 
 log = logging.getLogger(__name__)
@@ -497,9 +499,35 @@ def _wait(query: StreamingQuery, options: StreamOptions, extra: Any = None) -> N
     finally:
         stop_event.set()
         if query.isActive:
-            query.stop()
+            _stop_gracefully(query)
         if extra is not None:
             extra.stop()
     exc = query.exception()
     if exc is not None:
-        raise exc
+        raise StreamFailed(_summarize(exc)) from exc
+
+
+def _stop_gracefully(query: StreamingQuery, wait_seconds: float = 120.0) -> None:
+    """Let a running micro-batch finish, then stop.
+
+    Interrupting a batch is safe (it is replayed on restart), but Spark 4.3 then
+    checks the interruption with a regular expression over the whole error text,
+    which includes the (large) plan, and can overflow the stream thread's stack.
+    """
+    deadline = time.monotonic() + wait_seconds
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    query.stop()
+
+
+class StreamFailed(RuntimeError):
+    """The query stopped with an error; the message is its gist, not the plan dump."""
+
+
+def _summarize(exc: BaseException) -> str:
+    """The error class and the innermost Python/Java error line of a query failure."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    head = lines[0][:300] if lines else type(exc).__name__
+    causes = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
+    cause = causes[-1][:300] if causes else ""
+    return f"{head} -- {cause}" if cause and cause not in head else head
