@@ -27,6 +27,9 @@ __all__ = [
     "write_result",
     "plot_latency_histograms",
     "plot_series",
+    "plot_bars",
+    "bench_settings",
+    "machine_meta",
 ]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -139,19 +142,53 @@ def _fmt(value: Any) -> str:
 
 
 def write_result(result: BenchResult, out_dir: Path = RESULTS_DIR) -> Path:
-    """Write ``<name>.json`` and ``<name>.md`` (with machine and time) and return the JSON path."""
+    """Write ``<name>.json`` and ``<name>.md`` (with time, machine, load and commit); return the JSON path."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()}, {_cpu_count()} cores, Python {platform.python_version()}",
-    }
+    meta = machine_meta()
     payload = {"meta": meta, **asdict(result)}
     path = out_dir / f"{result.name}.json"
     path.write_text(json.dumps(payload, indent=2, default=str))
-    (out_dir / f"{result.name}.md").write_text(
-        result.markdown() + f"\n_{meta['when']} on {meta['machine']}_\n"
-    )
+    (out_dir / f"{result.name}.md").write_text(result.markdown() + f"\n_{describe_meta(meta)}_\n")
     return path
+
+
+def machine_meta() -> dict[str, Any]:
+    """When, on what machine (cores, load average now) and at which commit a figure was taken."""
+    import os
+
+    return {
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {_cpu_count()} cores, Python {platform.python_version()}",
+        "cores": _cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "commit": git_commit(),
+    }
+
+
+def describe_meta(meta: dict[str, Any]) -> str:
+    """One line: ``<when> on <machine>, load average <1m, 5m, 15m>, commit <sha>``."""
+    text = f"{meta.get('when', '?')} on {meta.get('machine', '?')}"
+    load = meta.get("load_average")
+    if load:
+        text += f", load average {', '.join(f'{x:.2f}' for x in load)}"
+    if meta.get("commit"):
+        text += f", commit {meta['commit']}"
+    return text
+
+
+def git_commit() -> str:
+    """The repository's short commit, ``+dirty`` when tracked files changed; ``""`` outside git."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return sha + ("+dirty" if dirty else "")
 
 
 def _cpu_count() -> int:
@@ -242,3 +279,40 @@ def bench_settings(name: str, **overrides: Any) -> Any:
     }
     values.update(overrides)
     return Settings(**values)
+
+
+def plot_bars(
+    groups: list[str],
+    panels: dict[str, dict[str, list[float | None]]],
+    path: Path,
+    *,
+    title: str,
+) -> Path:
+    """Grouped bar charts side by side: one panel per measure (e.g. seconds, MB).
+
+    ``panels`` maps a panel's y label to ``{series label: one value per group}``;
+    ``None`` leaves a gap (e.g. a model without a reference).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    x = np.arange(len(groups))
+    for ax, (ylabel, series) in zip(axes[0], panels.items(), strict=True):
+        width = 0.8 / max(len(series), 1)
+        for n, (label, values) in enumerate(series.items()):
+            heights = [np.nan if v is None else v for v in values]
+            bars = ax.bar(x + (n - (len(series) - 1) / 2) * width, heights, width, label=label)
+            ax.bar_label(bars, fmt="%.3g", fontsize=7)
+        ax.set_xticks(x, groups, rotation=20)
+        ax.set_ylabel(ylabel)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
