@@ -25,6 +25,8 @@ __all__ = [
     "open_loop",
     "BenchResult",
     "write_result",
+    "read_result",
+    "describe_meta",
     "plot_latency_histograms",
     "plot_series",
     "plot_bars",
@@ -117,7 +119,8 @@ class BenchResult:
     notes: list[str] = field(default_factory=list)
     plots: list[str] = field(default_factory=list)
 
-    def markdown(self) -> str:
+    def markdown(self, *, plots: bool = True) -> str:
+        """The table, ratios, targets and notes (and the plots' image links unless ``plots=False``)."""
         lines = [f"### {self.title}", ""]
         if self.rows:
             columns = list(self.rows[0])
@@ -131,7 +134,8 @@ class BenchResult:
         for key, value in self.targets.items():
             lines.append(f"- target {key}: {value}")
         lines.extend(f"- {note}" for note in self.notes)
-        lines.extend(f"\n![{Path(p).stem}]({Path(p).name})" for p in self.plots)
+        if plots:
+            lines.extend(f"\n![{Path(p).stem}]({Path(p).name})" for p in self.plots)
         return "\n".join(lines) + "\n"
 
 
@@ -139,6 +143,14 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.3f}" if abs(value) < 100 else f"{value:,.0f}"
     return str(value)
+
+
+def read_result(path: Path) -> tuple[BenchResult, dict[str, Any]]:
+    """A result written by :func:`write_result`: the :class:`BenchResult` and its meta."""
+    payload = json.loads(Path(path).read_text())
+    meta = payload.pop("meta", {})
+    known = {f for f in BenchResult.__dataclass_fields__}
+    return BenchResult(**{k: v for k, v in payload.items() if k in known}), meta
 
 
 def write_result(result: BenchResult, out_dir: Path = RESULTS_DIR) -> Path:
