@@ -30,6 +30,7 @@ from serving.api.routes import ROUTERS
 from serving.client import AsyncServingClient
 from serving.errors import InvalidParameter, ServingError
 from serving.metrics import MetricsMiddleware, ServingMetrics
+from serving.overload import OverloadGuard
 from serving.validation import message_for
 
 __all__ = ["create_app", "create_app_from_env"]
@@ -103,6 +104,8 @@ def create_app(settings: Settings) -> FastAPI:
         key_digest(settings.api_key.get_secret_value()) if settings.api_key is not None else None
     )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    # Outermost: past 2x the Redis pool in flight, answer 503 at once (serving/overload.py).
+    app.add_middleware(OverloadGuard, max_in_flight=2 * settings.serving_redis_max_connections)
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(ServingError, _serving_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _internal_error)
