@@ -38,10 +38,12 @@ from typing import Any
 from urllib.parse import quote
 
 from benchmarks.common import (
+    RESULTS_DIR,
     BenchResult,
     LatencySummary,
     bench_settings,
     open_loop,
+    plot_latency_histograms,
     summarize,
     write_result,
 )
@@ -119,6 +121,10 @@ def seed(settings: Any, *, users: int, items: int, categories: int, candidates: 
     return user_ids
 
 
+RAW: dict[str, list[float]] = {}
+"""Raw latencies (seconds) of the last run per system, for the histograms."""
+
+
 def _in_process(settings: Any, users: list[str], n: int) -> dict[str, Any]:
     from feast import FeatureStore  # noqa: F401 - imported before timing
 
@@ -154,17 +160,20 @@ def _in_process(settings: Any, users: list[str], n: int) -> dict[str, Any]:
                 errors += 1
                 continue
             latencies.append(time.perf_counter() - t0)
+        time_calls.last = latencies  # type: ignore[attr-defined]
         return summarize(latencies, elapsed_s=time.perf_counter() - start, errors=errors)
 
     client.warm()
     results: dict[str, Any] = {}
     results["shopstream ServingClient.recommendations (re-ranked)"] = time_calls(
         lambda u: not client.recommendations(u, 10, region="United Kingdom").degraded, n)
+    RAW["shopstream in process"] = time_calls.last  # type: ignore[attr-defined]
     results["Feast get_online_features (user_activity only)"] = time_calls(
         lambda u: store.get_online_features(features=feast_features, entity_rows=[{"user_id": u}]).to_dict()
         is not None,
         max(n // 10, 200),
     )
+    RAW["Feast get_online_features"] = time_calls.last  # type: ignore[attr-defined]
 
     def raw_hmget(user: str) -> bool:
         _, key, *fields = reader.command(user)
@@ -172,6 +181,7 @@ def _in_process(settings: Any, users: list[str], n: int) -> dict[str, Any]:
         return True
 
     results["raw HMGET of the same features (floor)"] = time_calls(raw_hmget, n)
+    RAW["raw HMGET"] = time_calls.last  # type: ignore[attr-defined]
     client.close()
     raw.close()
     return results
@@ -270,13 +280,14 @@ def _http(settings: Any, users: list[str], rate: float, seconds: float, workdir:
                 if status != 200 or b'"degraded":true' in body:
                     raise RuntimeError(status)
 
-            for i in range(500):
+            for i in range(min(500, closed)):
                 call(i)
             results["shopstream serve GET /v1/users/{id}/recommendations, one at a time"] = _closed_loop(
                 call, closed)
             lat, errors, el = open_loop(call, rate=rate, count=count, max_seconds=seconds * 3)
             results[f"shopstream serve GET /v1/users/{{id}}/recommendations at {rate:,.0f}/s"] = summarize(
                 lat, elapsed_s=el, errors=errors)
+            RAW[f"shopstream serve at {rate:,.0f}/s"] = lat
         finally:
             http.close()
     finally:
@@ -296,13 +307,14 @@ def _http(settings: Any, users: list[str], rate: float, seconds: float, workdir:
                 if status != 200:
                     raise RuntimeError(status)
 
-            for i in range(500):
+            for i in range(min(500, closed)):
                 feast_call(i)
             results["feast serve POST /get-online-features (user_activity), one at a time"] = _closed_loop(
                 feast_call, closed)
             lat, errors, el = open_loop(feast_call, rate=rate, count=count, max_seconds=seconds * 3)
             results[f"feast serve POST /get-online-features (user_activity) at {rate:,.0f}/s"] = summarize(
                 lat, elapsed_s=el, errors=errors)
+            RAW[f"feast serve at {rate:,.0f}/s"] = lat
         finally:
             peer_http.close()
     finally:
@@ -315,6 +327,11 @@ def main(argv: list[str] | None = None) -> BenchResult:
     parser.add_argument("--quick", action="store_true", help="short run (fewer calls, 3 s of HTTP)")
     parser.add_argument("--rate", type=float, default=1000.0, help="HTTP requests per second")
     parser.add_argument("--no-http", action="store_true", help="in-process measurements only")
+    parser.add_argument("--users", type=int, default=None, help="seeded users (default 10,000)")
+    parser.add_argument("--calls", type=int, default=None, help="in-process calls (default 20,000)")
+    parser.add_argument("--closed", type=int, default=None, help="HTTP requests one at a time (default 3,000)")
+    parser.add_argument("--seconds", type=float, default=None, help="seconds of open-loop HTTP (default 10)")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where plots go")
     # Called by benchmarks.run_all without arguments: defaults, never run_all's own argv.
     args = parser.parse_args(argv if argv is not None else [])
 
@@ -333,17 +350,28 @@ def main(argv: list[str] | None = None) -> BenchResult:
         },
     )
     try:
-        users = seed(settings, users=2000 if args.quick else 10_000, items=2000, categories=40,
-                     candidates=100)
-        n = 5_000 if args.quick else 20_000
+        users = seed(settings, users=args.users or (2000 if args.quick else 10_000), items=2000,
+                     categories=40, candidates=100)
+        n = args.calls or (5_000 if args.quick else 20_000)
+        RAW.clear()
         measured = _in_process(settings, users, n)
         if not args.no_http:
-            measured.update(_http(settings, users, args.rate, 3.0 if args.quick else 10.0, workdir,
-                                  closed=1000 if args.quick else 3000))
+            measured.update(_http(settings, users, args.rate, args.seconds or (3.0 if args.quick else 10.0),
+                                  workdir, closed=args.closed or (1000 if args.quick else 3000)))
     finally:
         server.stop()
     for system, summary in measured.items():
         result.rows.append({"system": system, **summary.row()})
+    in_process = {k: v for k, v in RAW.items() if " at " not in k and v}
+    if in_process:
+        result.plots.append(str(plot_latency_histograms(
+            in_process, args.results_dir / "serving_in_process.png",
+            title="One user's lookup in process (latency)")))
+    over_http = {k: v for k, v in RAW.items() if " at " in k and v}
+    if over_http:
+        result.plots.append(str(plot_latency_histograms(
+            over_http, args.results_dir / "serving_http.png",
+            title=f"HTTP at {args.rate:,.0f} requests/s, open loop (latency from the scheduled start)")))
     ours = measured["shopstream ServingClient.recommendations (re-ranked)"]
     feast = measured["Feast get_online_features (user_activity only)"]
     result.ratios["in-process p99: Feast get_online_features / shopstream"] = feast.p99_ms / ours.p99_ms
@@ -366,6 +394,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     outcome = main(sys.argv[1:])
-    path = write_result(outcome)
+    path = write_result(outcome, Path(sys.argv[sys.argv.index("--results-dir") + 1])
+                        if "--results-dir" in sys.argv else RESULTS_DIR)
     print(outcome.markdown())
     print(f"wrote {path}")
