@@ -175,6 +175,9 @@ class ViewSpec:
         ``(feature name, kind)`` pairs, in the order of the finalize output.
     description
         Shown by ``feast feature-views list`` / the UI.
+    optional
+        Features a row may leave out (encoded as Feast's null): those added to
+        the view after writers that build rows by hand existed.
     """
 
     name: str
@@ -182,6 +185,7 @@ class ViewSpec:
     join_key: str
     features: tuple[tuple[str, FeatureKind], ...]
     description: str = ""
+    optional: frozenset[str] = frozenset()
     _fields: tuple[bytes, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -206,11 +210,19 @@ class ViewSpec:
         The row needs the join key, every feature and ``event_timestamp``.
         """
         mapping = {
-            fld: encode_value(kind, row[name])
+            fld: encode_value(kind, self._value(row, name))
             for fld, (name, kind) in zip(self._fields, self.features, strict=True)
         }
         mapping[timestamp_field(self.name)] = encode_timestamp(row["event_timestamp"])
         return self.redis_key(row[self.join_key], project), mapping
+
+    def _value(self, row: Mapping[str, Any], name: str) -> Any:
+        try:
+            return row[name]
+        except (KeyError, ValueError):  # a Spark Row raises ValueError for an unknown field
+            if name in self.optional:
+                return None
+            raise
 
     def decode(self, mapping: Mapping[bytes, bytes]) -> dict[str, Any]:
         """Feature values from a Redis hash (the inverse of :meth:`encode`, minus the key)."""
@@ -224,7 +236,8 @@ USER_ACTIVITY = ViewSpec(
     name="user_activity",
     entity="user",
     join_key="user_id",
-    description="A user's recent activity: sliding 1h/24h counts, spend, category affinity, last items viewed.",
+    description="A user's recent activity: sliding 1h/24h counts, spend, category affinity, "
+                "last items viewed and purchased.",
     features=(
         ("views_1h", "int64"),
         ("views_24h", "int64"),
@@ -240,7 +253,9 @@ USER_ACTIVITY = ViewSpec(
         ("category_affinity_ids", "string_list"),
         ("category_affinity_weights", "double_list"),
         ("last_viewed_items", "string_list"),
+        ("last_purchased_items", "string_list"),
     ),
+    optional=frozenset({"last_purchased_items"}),
 )
 
 ITEM_STATS = ViewSpec(

@@ -14,8 +14,9 @@ Three tile tables, each keyed by the entity and ``tile_start``:
 
 * :func:`user_tiles` -- ``user_id``: views, carts, purchases, spend (sum of
   ``price * quantity`` over purchases), the set of items viewed, per-category
-  activity weights (:data:`ACTIVITY_WEIGHTS`), the latest event time and the
-  last ``N`` distinct items viewed with their view times.
+  activity weights (:data:`ACTIVITY_WEIGHTS`), the latest event time, the
+  last ``N`` distinct items viewed with their view times, and the last ``N``
+  distinct items purchased with their purchase times.
 * :func:`item_tiles` -- ``item_id``: views, carts, purchases, units (sum of
   ``quantity`` over purchases), revenue (sum of ``price * quantity`` over
   purchases) and the item's category (from its latest event in the tile).
@@ -81,6 +82,7 @@ USER_TILE_COLUMNS: tuple[str, ...] = (
     "category_weights",
     "last_event_time",
     "last_viewed",
+    "last_purchased",
 )
 """Columns of :func:`user_tiles` (after any ``by`` columns).
 
@@ -89,7 +91,8 @@ USER_TILE_COLUMNS: tuple[str, ...] = (
 ``category_weights`` array<struct<category_id: string, weight: double>> (one
 entry per category); ``last_event_time`` timestamp; ``last_viewed``
 array<struct<event_time: timestamp, item_id: string>>, at most ``N`` distinct
-items, most recent first (ties: item_id ascending).
+items, most recent first (ties: item_id ascending); ``last_purchased`` the same
+for purchases.
 """
 
 ITEM_TILE_COLUMNS: tuple[str, ...] = (
@@ -253,6 +256,7 @@ def user_tiles(
         F.collect_list(category_entry).alias("_categories"),
         F.max("event_time").alias("last_event_time"),
         F.collect_list(F.when(_is("view"), view_pair)).alias("_viewed"),
+        F.collect_list(F.when(_is("purchase"), view_pair)).alias("_purchased"),
     )
     return agg.select(
         *by,
@@ -266,6 +270,7 @@ def user_tiles(
         sum_category_weights(F.col("_categories")).alias("category_weights"),
         "last_event_time",
         latest_distinct_items(F.col("_viewed"), last_items_n).alias("last_viewed"),
+        latest_distinct_items(F.col("_purchased"), last_items_n).alias("last_purchased"),
     )
 
 

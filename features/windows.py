@@ -33,8 +33,10 @@ when no event), the category affinity (:data:`features.tiles.ACTIVITY_WEIGHTS`:
 view 1, add-to-cart 3, purchase 5, summed per category) as parallel arrays
 ``category_affinity_ids`` / ``category_affinity_weights`` sorted by weight
 descending then category ascending, ``top_category`` their first entry (null
-when none), and ``last_viewed_items``: the last ``N`` distinct items viewed,
-most recent first (equal times by item_id ascending).
+when none), ``last_viewed_items``: the last ``N`` distinct items viewed,
+most recent first (equal times by item_id ascending), and
+``last_purchased_items``: the same for purchases (serving removes them from
+the user's recommendations).
 
 *Per item*: ``views``, ``carts``, ``purchases``, ``units`` (sum of quantity of
 purchases), ``revenue`` (sum of ``price * quantity`` of purchases) per window;
@@ -127,6 +129,7 @@ USER_FEATURE_COLUMNS: tuple[str, ...] = (
     "category_affinity_ids",
     "category_affinity_weights",
     "last_viewed_items",
+    "last_purchased_items",
     "event_timestamp",
     "created",
 )
@@ -271,7 +274,7 @@ def finalize_user_features(
     slide_seconds
         The tile size the tiles were built with.
     last_items_n
-        Length of ``last_viewed_items``.
+        Length of ``last_viewed_items`` and ``last_purchased_items``.
     created
         Value of the ``created`` column (default: the current timestamp).
 
@@ -293,6 +296,7 @@ def finalize_user_features(
         F.max(F.when(long_cond, F.col("last_event_time"))).alias("_last_event_time"),
         _windowed_list("category_weights", LONG_WINDOW, slide_seconds).alias("_categories"),
         _windowed_list("last_viewed", LONG_WINDOW, slide_seconds).alias("_viewed"),
+        _windowed_list("last_purchased", LONG_WINDOW, slide_seconds).alias("_purchased"),
     ]
     grouped = prepared.groupBy("user_id", _AS_OF).agg(*aggs)
     affinity = F.array_sort(
@@ -316,6 +320,9 @@ def finalize_user_features(
         F.transform(
             latest_distinct_items(F.col("_viewed"), last_items_n), lambda e: e["item_id"]
         ).alias("last_viewed_items"),
+        F.transform(
+            latest_distinct_items(F.col("_purchased"), last_items_n), lambda e: e["item_id"]
+        ).alias("last_purchased_items"),
         F.col(_AS_OF).alias("event_timestamp"),
         _created_col(created).alias("created"),
     )

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FEATURE_VIEW_TTL",
     "RANKING_SERVICE",
+    "RANKING_V1_USER_FEATURES",
     "FeastDefinitions",
     "build_definitions",
     "definitions_for",
@@ -69,6 +70,11 @@ window plus a day of slack for a slow snapshot cadence (the backfill writes one
 all-zero row when an entity leaves the 24h window, so zeros, not stale counts,
 are read until then)."""
 RANKING_SERVICE = "ranking_v1"
+RANKING_V1_USER_FEATURES: tuple[str, ...] = tuple(
+    name for name in USER_ACTIVITY.feature_names if name != "last_purchased_items")
+"""The ``user_activity`` features of ``ranking_v1``: those the view had when v1 was defined
+(``last_purchased_items``, added later for serving, is not in it; a model that needs it gets
+``ranking_v2``)."""
 
 
 def _feast_type(kind: FeatureKind) -> Any:
@@ -145,7 +151,7 @@ def build_definitions(
     item_stats = _view(ITEM_STATS, item, item_push, ttl)
     ranking_v1 = FeatureService(
         name=RANKING_SERVICE,
-        features=[user_activity, item_stats],
+        features=[user_activity[list(RANKING_V1_USER_FEATURES)], item_stats],
         description="Features of the ranking model, version 1 (user activity + item stats).",
         tags={"model": "ranking", "version": "1"},
     )

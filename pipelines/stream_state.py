@@ -436,6 +436,9 @@ def delta_rows(events: DataFrame, *, slide_seconds: int, last_items_n: int) -> D
             F.transform("last_viewed", lambda e: F.struct(
                 F.unix_micros(e["event_time"]).alias("event_us"),
                 e["item_id"].alias("item_id"))).alias("last_viewed"),
+            F.transform("last_purchased", lambda e: F.struct(
+                F.unix_micros(e["event_time"]).alias("event_us"),
+                e["item_id"].alias("item_id"))).alias("last_purchased"),
         )).alias("value"))
     items = item_tiles(events, slide_seconds=slide_seconds)
     items = items.select(

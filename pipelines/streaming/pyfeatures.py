@@ -12,7 +12,8 @@ Tiles are dicts with epoch-microsecond times (no time zones on the way):
 
 * user: ``tile_start, views, carts, purchases, spend, items_viewed,
   category_weights [{category_id, weight}], last_event_us, last_viewed
-  [{event_us, item_id}]``
+  [{event_us, item_id}], last_purchased [{event_us, item_id}]`` (tiles stored
+  before ``last_purchased`` existed lack it and count as having none)
 * item: ``tile_start, category_id, category_us, views, carts, purchases, units, revenue``
 * sales: ``tile_start, item_id, category_id, region, purchases, units, revenue``
 
@@ -101,6 +102,8 @@ def merge_user(a: Mapping[str, Any], b: Mapping[str, Any], *, last_items_n: int)
         "category_weights": [{"category_id": c, "weight": w} for c, w in sorted(weights.items())],
         "last_event_us": max(int(a["last_event_us"]), int(b["last_event_us"])),
         "last_viewed": _latest_entries((*a["last_viewed"], *b["last_viewed"]), last_items_n),
+        "last_purchased": _latest_entries(
+            (*a.get("last_purchased", ()), *b.get("last_purchased", ())), last_items_n),
     }
 
 
@@ -158,6 +161,8 @@ def finalize_user(user_id: str, tiles: Iterable[Mapping[str, Any]], as_of: datet
     row["category_affinity_weights"] = [w for _, w in affinity]
     row["last_viewed_items"] = latest_distinct(
         (e for t in long for e in t["last_viewed"]), last_items_n)
+    row["last_purchased_items"] = latest_distinct(
+        (e for t in long for e in t.get("last_purchased", ())), last_items_n)
     row["event_timestamp"] = as_of
     return row
 

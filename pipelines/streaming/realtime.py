@@ -144,6 +144,9 @@ def realtime_tiles(events: DataFrame, *, slide_seconds: int, last_items_n: int) 
         F.max("event_time").alias("last_event_time"),
         F.collect_list(F.when(view, F.struct(F.col("event_time").alias("event_time"),
                                              F.col("item_id").alias("item_id")))).alias("_viewed"),
+        F.collect_list(F.when(purchase, F.struct(F.col("event_time").alias("event_time"),
+                                                 F.col("item_id").alias("item_id")))).alias(
+            "_purchased"),
         F.max_by("category_id", F.struct("event_time", "category_id")).alias("category_id"),
         F.max_by("item_id", F.struct("event_time", "item_id")).alias("item_id"),
         F.max_by("region", F.struct("event_time", "region")).alias("region"),
@@ -160,6 +163,9 @@ def realtime_tiles(events: DataFrame, *, slide_seconds: int, last_items_n: int) 
         F.transform(latest_distinct_items(F.col("_viewed"), last_items_n),
                     lambda e: F.struct(F.unix_micros(e["event_time"]).alias("event_us"),
                                        e["item_id"].alias("item_id"))).alias("last_viewed"),
+        F.transform(latest_distinct_items(F.col("_purchased"), last_items_n),
+                    lambda e: F.struct(F.unix_micros(e["event_time"]).alias("event_us"),
+                                       e["item_id"].alias("item_id"))).alias("last_purchased"),
         "category_id", "item_id", "region", "price",
         F.unix_micros("last_event_time").alias("max_us"),
     )
@@ -186,7 +192,8 @@ def _user_tile(row: Mapping[str, Any]) -> dict[str, Any]:
     return {"tile_start": row["tile_start"], "views": row["views"], "carts": row["carts"],
             "purchases": row["purchases"], "spend": row["spend"],
             "items_viewed": row["items_viewed"], "category_weights": row["category_weights"],
-            "last_event_us": row["max_us"], "last_viewed": row["last_viewed"]}
+            "last_event_us": row["max_us"], "last_viewed": row["last_viewed"],
+            "last_purchased": row["last_purchased"]}
 
 
 def _item_tile(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -108,6 +108,7 @@ def test_user_features_exact_at_tile_boundary(at_t: dict) -> None:
         "category_affinity_ids": ["c1", "c2", "c3"],
         "category_affinity_weights": [11.0, 7.0, 1.0],  # 3 views+cart 3+purchase 5; 2 views+5; 1
         "last_viewed_items": ["A", "B", "D"],  # most recent distinct first
+        "last_purchased_items": ["A", "C"],  # e05 at T, e09; e06 (B) is after T
         "event_timestamp": naive(T),
     }
     assert u1["created"] == naive(T)
@@ -117,6 +118,7 @@ def test_user_features_event_after_as_of_counts_at_next_as_of(at_t: dict) -> Non
     later = T + timedelta(seconds=30)
     u1 = user(at_t, "u1", later)
     assert (u1["purchases_1h"], u1["spend_1h"], u1["purchases_24h"]) == (2, 25.5, 3)
+    assert u1["last_purchased_items"] == ["B", "A", "C"]  # e06 now counts, most recent first
     assert ("u2", naive(T)) not in at_t["users"]  # its only event is after T
     assert user(at_t, "u2", later)["views_1h"] == 1
 
@@ -126,6 +128,7 @@ def test_user_leaving_24h_window_gets_one_zero_row(at_t: dict) -> None:
     assert (u3["purchases_24h"], u3["spend_24h"], u3["views_24h"]) == (0, 0.0, 0)
     assert u3["top_category"] is None and u3["category_affinity_ids"] == []
     assert u3["last_event_time"] is None and u3["last_viewed_items"] == []
+    assert u3["last_purchased_items"] == []  # e13 left the 24h window with its tile
     assert ("u3", naive(T + timedelta(seconds=30))) not in at_t["users"]  # only one such row
 
 

@@ -8,12 +8,11 @@ from typing import Any
 
 import pytest
 
-from features.feast_layout import USER_ACTIVITY, ViewSpec
+from features.feast_layout import USER_ACTIVITY
 from pipelines.online_writer import write_entity_rows
 from pipelines.settings import Settings
 from serving.client import AsyncServingClient, ServingClient
 from serving.errors import InvalidParameter, UnknownItem
-from serving.features import FeastUserFeatures
 from serving.models import RecommendationsResponse
 from tests.integration.test_serving_data import (
     COLD_USER,
@@ -161,13 +160,10 @@ def test_recommendations_follow_the_live_pointer(client: ServingClient, redis_cl
 
 def test_recommendations_exclude_recent_purchases(serving_settings: Settings, redis_client: Any,
                                                   seeded: SeededStore) -> None:
-    # A user_activity view that also carries the last purchased items (optional feature).
-    extended = ViewSpec(name=USER_ACTIVITY.name, entity=USER_ACTIVITY.entity,
-                        join_key=USER_ACTIVITY.join_key,
-                        features=USER_ACTIVITY.features + (("last_purchased_items", "string_list"),))
+    # user_activity carries the user's last purchased items (the stream and backfill compute them)
     row = dict(user_rows(seeded.as_of)[0], last_purchased_items=["85123A"])
-    write_entity_rows(redis_client, extended, [row])
-    with ServingClient(serving_settings, user_features=FeastUserFeatures(spec=extended)) as c:
+    write_entity_rows(redis_client, USER_ACTIVITY, [row])
+    with ServingClient(serving_settings) as c:
         assert "85123A" not in _ids(c.recommendations(KNOWN_USER, k=5))
         assert "85123A" in _ids(c.recommendations(KNOWN_USER, k=5, exclude_purchased=False))
 

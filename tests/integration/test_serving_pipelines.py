@@ -99,7 +99,8 @@ def _features_from_feast(settings: Settings, user_id: str) -> Any:
     from serving.rerank import UserFeatures
 
     names = ["views_1h", "carts_1h", "purchases_1h", "last_event_time", "top_category",
-             "category_affinity_ids", "category_affinity_weights", "last_viewed_items"]
+             "category_affinity_ids", "category_affinity_weights", "last_viewed_items",
+             "last_purchased_items"]
     row = feature_store(settings, apply=False).get_online_features(
         features=[f"user_activity:{n}" for n in names], entity_rows=[{"user_id": user_id}],
     ).to_dict(include_event_timestamps=True)
@@ -117,6 +118,7 @@ def _features_from_feast(settings: Settings, user_id: str) -> Any:
         category_affinity=tuple(zip(value["category_affinity_ids"] or [],
                                     value["category_affinity_weights"] or [], strict=True)),
         last_items_viewed=tuple(value["last_viewed_items"] or ()),
+        recent_purchases=tuple(value["last_purchased_items"] or ()),
     )
 
 
@@ -132,7 +134,7 @@ def test_known_user_answer_is_rerank_of_what_the_pipelines_wrote(
     users = [u for u in model.user_ids.tolist() if redis_client.exists(online_keys.user_recs_key(VERSION, u))]
     assert users
     with TestClient(create_app(settings)) as http:
-        checked = 0
+        checked = bought = 0
         for user in users[:15]:
             body = http.get(f"/v1/users/{user}/recommendations", params={"k": 10, "region": region}).json()
             now_ms = time.time_ns() // 1_000_000
@@ -155,10 +157,14 @@ def test_known_user_answer_is_rerank_of_what_the_pipelines_wrote(
                                                   trending_share=settings.serving_trending_share))
             assert [(i["item_id"], i["source"]) for i in body["items"]] == [
                 (i.item_id, i.source) for i in expected]
+            # exclude_purchased (the default): nothing the user bought in the last 24h
+            assert not {i["item_id"] for i in body["items"]} & set(features.recent_purchases)
+            bought += bool(features.recent_purchases)
             assert body["freshness"]["user_activity"]["as_of"].startswith(
                 pipeline_store["as_of"].strftime("%Y-%m-%dT%H:%M"))
             checked += 1
         assert checked
+        assert bought, "no checked user bought anything in the last 24h: exclusion untested"
 
 
 def test_held_out_user_gets_top_sellers_of_their_category(

@@ -63,7 +63,7 @@ def test_decode_handles_nulls_written_as_empty_values() -> None:
 def test_optional_purchases_and_region_are_read_when_the_view_has_them() -> None:
     extended = ViewSpec(
         name=USER_ACTIVITY.name, entity=USER_ACTIVITY.entity, join_key=USER_ACTIVITY.join_key,
-        features=USER_ACTIVITY.features + (("last_purchased_items", "string_list"), ("region", "string")),
+        features=USER_ACTIVITY.features + (("region", "string"),),
     )
     reader = FeastUserFeatures(spec=extended)
     _, mapping = extended.encode(dict(ROW, last_purchased_items=["22423"], region="United Kingdom"))
@@ -71,3 +71,11 @@ def test_optional_purchases_and_region_are_read_when_the_view_has_them() -> None
     assert features is not None
     assert features.recent_purchases == ("22423",)
     assert features.region == "United Kingdom"
+
+
+def test_default_reader_reads_last_purchased_items() -> None:
+    reader = FeastUserFeatures()
+    _, mapping = USER_ACTIVITY.encode(dict(ROW, last_purchased_items=["22423", "85123A"]))
+    features = reader.decode(_hmget(reader, mapping, "u123"))
+    assert features is not None
+    assert features.recent_purchases == ("22423", "85123A")

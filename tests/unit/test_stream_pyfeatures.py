@@ -100,3 +100,32 @@ def test_top_lists_rank_by_units_then_item_id_per_scope() -> None:
                   if (r["kind"], r["window"], r["category_id"], r["region"]) == ("top", "24h", None, None)]
     assert global_24h == ["old", "z"]
     assert not any(r["item_id"] == "old" for r in rows if r["kind"] == "trend")
+
+
+def test_last_purchased_items_are_the_latest_distinct_purchases_of_24h() -> None:
+    def bought(start: int, item: str, us: int) -> dict:
+        return dict(_user_tile(start, views=0, item="v"), purchases=1,
+                    last_purchased=[{"event_us": us, "item_id": item}])
+
+    t0 = pyf.to_us(T)
+    a = bought(TILE, "p1", t0 - 5_000_000)
+    b = bought(TILE, "p2", t0 - 1_000_000)
+    merged = pyf.merge_user(a, b, last_items_n=5)
+    assert [e["item_id"] for e in merged["last_purchased"]] == ["p2", "p1"]
+    tiles = [merged, bought(TILE - 7200, "p1", t0 - 7_200_000_000),  # p1 again, older
+             bought(TILE - 3600, "p3", t0 - 3_600_000_000),
+             bought(TILE - 86_400, "gone", t0 - 86_400_000_000)]  # left the 24h window
+    row = pyf.finalize_user("u1", tiles, T, slide_seconds=60, last_items_n=5)
+    assert row["last_purchased_items"] == ["p2", "p1", "p3"]
+    assert pyf.finalize_user("u1", tiles, T, slide_seconds=60, last_items_n=2)[
+        "last_purchased_items"] == ["p2", "p1"]
+
+
+def test_tiles_stored_before_last_purchased_existed_count_as_no_purchases() -> None:
+    old = _user_tile(TILE)  # no "last_purchased" key, as tiles written by an earlier version
+    assert "last_purchased" not in old
+    row = pyf.finalize_user("u1", [old], T, slide_seconds=60, last_items_n=3)
+    assert row["last_purchased_items"] == []
+    merged = pyf.merge_user(old, dict(old, last_purchased=[{"event_us": 1, "item_id": "x"}]),
+                            last_items_n=3)
+    assert [e["item_id"] for e in merged["last_purchased"]] == ["x"]
