@@ -539,11 +539,14 @@ def status() -> None:
 @app.command()
 def demo(
     keep_running: Annotated[bool, typer.Option(help="Leave the servers running afterwards.")] = False,
+    events: Annotated[int, typer.Option(min=1000, help="Generated events to stream (default 50,000).")] = 50_000,
+    all_models: Annotated[bool, typer.Option(
+        help="Train every model (adds ALS and the learning-to-rank re-ranker; a few minutes more).")] = False,
 ) -> None:
     """Run the whole story on local defaults, starting (and then stopping) the servers itself."""
     from pipelines.demo import run_demo
 
-    run_demo(load_settings(), keep_running=keep_running)
+    run_demo(load_settings(), keep_running=keep_running, events=events, all_models=all_models)
 
 
 def main() -> None:

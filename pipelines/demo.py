@@ -25,13 +25,18 @@ from rich.table import Table
 
 from pipelines.settings import Settings
 
-__all__ = ["run_demo", "DemoContext", "DemoError"]
+__all__ = ["run_demo", "DemoContext", "DemoError", "stage_table", "GENERATED_EVENTS", "DEMO_MODELS"]
 
 log = logging.getLogger(__name__)
 console = Console()
 
-GENERATED_EVENTS = 200_000
+GENERATED_EVENTS = 50_000
+"""Generated events by default: enough for every story beat (top sellers, a model that beats
+popularity, a live burst) in a fraction of the stream's time; ``--events`` changes it."""
 BURST_VIEWS = 12
+DEMO_MODELS = ("popularity", "popularity_region", "item_knn", "ease")
+"""Trained by default (the baseline and three personal models, about a minute);
+``--all-models`` adds ALS and the learning-to-rank re-ranker for the full comparison."""
 
 
 class DemoError(RuntimeError):
@@ -41,9 +46,12 @@ class DemoError(RuntimeError):
 @dataclass
 class DemoContext:
     settings: Settings
+    events: int = GENERATED_EVENTS
+    all_models: bool = False
     started_infra: bool = False
     api: Any = None
     notes: dict[str, Any] = field(default_factory=dict)
+    timings: list[tuple[str, float]] = field(default_factory=list)
 
     @property
     def api_url(self) -> str:
@@ -94,7 +102,7 @@ def _stage_replay(ctx: DemoContext) -> None:
 
 
 def _stage_generate(ctx: DemoContext) -> None:
-    _run(ctx, "generate", "--count", str(GENERATED_EVENTS), "--seed", "42", "--users", "5000",
+    _run(ctx, "generate", "--count", str(ctx.events), "--seed", "42", "--users", "5000",
          "--items", "2000", "--categories", "30", "--bad-fraction", "0.01")
 
 
@@ -102,25 +110,38 @@ def _stage_stream(ctx: DemoContext) -> None:
     _run(ctx, "stream", "--available-now")
 
 
+def _start_api(ctx: DemoContext) -> None:
+    """Start ``shopstream serve`` in the background (it loads while the backfill runs)."""
+    from pipelines.infra.process import ManagedProcess
+
+    run = ctx.settings.run_path / "api"
+    ctx.api = ManagedProcess("api", run / "api.pid", run / "api.log")
+    console.print("[bold cyan]$ shopstream serve[/bold cyan]  (in the background; ready once a model is live)")
+    ctx.api.start(_shopstream("serve"))
+
+
 def _stage_backfill(ctx: DemoContext) -> None:
+    _start_api(ctx)
     # The generated stream covers the last minutes; backfill the last day of it.
     since = (datetime.now(UTC) - timedelta(hours=1)).replace(minute=0, second=0, microsecond=0)
     _run(ctx, "backfill", "--since", since.isoformat(), "--every", "30")
 
 
 def _stage_train(ctx: DemoContext) -> None:
-    _run(ctx, "train", "--model", "all", timeout=900)
+    models = "all" if ctx.all_models else ",".join(DEMO_MODELS)
+    if not ctx.all_models:
+        console.print("[dim](a subset of the models; `shopstream demo --all-models` adds ALS and the "
+                      "learning-to-rank re-ranker)[/dim]")
+    _run(ctx, "train", "--model", models, timeout=900)
 
 
 def _stage_serve(ctx: DemoContext) -> None:
     import httpx
 
-    from pipelines.infra.process import ManagedProcess, wait_until
+    from pipelines.infra.process import wait_until
 
-    run = ctx.settings.run_path / "api"
-    ctx.api = ManagedProcess("api", run / "api.pid", run / "api.log")
-    console.print("[bold cyan]$ shopstream serve[/bold cyan]  (in the background)")
-    ctx.api.start(_shopstream("serve"))
+    if ctx.api is None:
+        _start_api(ctx)
     wait_until(lambda: httpx.get(ctx.api_url + "/readyz", timeout=2).status_code == 200,
                timeout=60, what="the API", alive=ctx.api.is_running, log_file=ctx.api.log_file)
     console.print(f"API ready at {ctx.api_url} (docs: {ctx.api_url}/docs)")
@@ -258,18 +279,27 @@ STAGES: list[tuple[str, Callable[[DemoContext], None]]] = [
 ]
 
 
-def run_demo(settings: Settings, *, keep_running: bool = False) -> DemoContext:
-    """Run every stage in order; stop what it started unless ``keep_running``."""
-    ctx = DemoContext(settings)
+def run_demo(settings: Settings, *, keep_running: bool = False, events: int = GENERATED_EVENTS,
+             all_models: bool = False) -> DemoContext:
+    """Run every stage in order; stop what it started unless ``keep_running``.
+
+    Each stage's wall time is printed when it ends and again in a summary table at
+    the end (also after a failure, up to the stage that failed).
+    """
+    ctx = DemoContext(settings, events=events, all_models=all_models)
     started = time.monotonic()
     try:
         for number, (title, stage) in enumerate(STAGES, start=1):
             console.print(Rule(f"[bold]{number}/{len(STAGES)} {title}"))
             t0 = time.monotonic()
-            stage(ctx)
-            console.print(f"[dim]({time.monotonic() - t0:.1f}s)[/dim]")
+            try:
+                stage(ctx)
+            finally:
+                ctx.timings.append((title, time.monotonic() - t0))
+            console.print(f"[dim]({ctx.timings[-1][1]:.1f}s, {time.monotonic() - started:.0f}s so far)[/dim]")
     finally:
         if not keep_running:
+            t0 = time.monotonic()
             if ctx.api is not None:
                 ctx.api.stop()
             if ctx.started_infra:
@@ -277,7 +307,10 @@ def run_demo(settings: Settings, *, keep_running: bool = False) -> DemoContext:
 
                 infra.down(settings)
                 console.print("stopped the servers the demo started (data kept under the data dir)")
-    console.print(Rule(f"demo finished in {time.monotonic() - started:.0f}s"))
+            ctx.timings.append(("Stop what the demo started", time.monotonic() - t0))
+        total = time.monotonic() - started
+        console.print(stage_table(ctx.timings, total))
+    console.print(Rule(f"demo finished in {total:.0f}s ({total / 60:.1f} min)"))
     console.print(
         "Where to look next:\n"
         f"  API docs       {ctx.api_url}/docs  (`shopstream demo --keep-running` leaves it up)\n"
@@ -286,3 +319,17 @@ def run_demo(settings: Settings, *, keep_running: bool = False) -> DemoContext:
         "  everything     README.md"
     )
     return ctx
+
+
+def stage_table(timings: list[tuple[str, float]], total: float) -> Table:
+    """Stage wall times, their share of the total, and the total."""
+    table = Table(title="Demo stage times")
+    table.add_column("#", justify="right")
+    table.add_column("stage")
+    table.add_column("seconds", justify="right")
+    table.add_column("share", justify="right")
+    for number, (title, seconds) in enumerate(timings, start=1):
+        share = f"{seconds / total:.0%}" if total > 0 else ""
+        table.add_row(str(number), title, f"{seconds:.1f}", share)
+    table.add_row("", "[bold]total[/bold]", f"[bold]{total:.1f}[/bold]", "")
+    return table
