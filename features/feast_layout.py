@@ -28,22 +28,59 @@ null), except for timestamps, where Feast writes the ``NaT`` sentinel
 :data:`NULL_TIMESTAMP`. ``tests/integration/test_online_writer.py`` checks the bytes against
 Feast's own writer and the values against ``get_online_features``.
 
-No I/O here; only ``mmh3`` and Feast's generated protobuf classes.
+No I/O here; only ``mmh3`` and Feast's generated protobuf classes. Those are
+loaded from Feast's own ``Value_pb2.py`` *without* importing the ``feast``
+package (whose ``__init__`` pulls in most of Feast: seconds per process), see
+:func:`_value_protos`; the classes are the very ones Feast uses once it is
+imported (protobuf keys them by descriptor).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import struct
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Literal
 
 import mmh3
-from feast.protos.feast.types.Value_pb2 import DoubleList, StringList
-from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 from google.protobuf.timestamp_pb2 import Timestamp
+
+_FEAST_VALUE_MODULE = "feast.protos.feast.types.Value_pb2"
+
+
+def _value_protos() -> ModuleType:
+    """Feast's generated ``feast/types/Value.proto`` module, without ``import feast``.
+
+    The generated file only needs ``google.protobuf``; it is executed from the
+    installed Feast under a private module name. It registers the same file
+    descriptor Feast registers later (an identical registration is a no-op), so
+    ``Value`` here *is* ``feast.protos.feast.types.Value_pb2.Value``. Falls back
+    to the ordinary import when the file cannot be located.
+    """
+    loaded = sys.modules.get(_FEAST_VALUE_MODULE)
+    if loaded is not None:
+        return loaded
+    spec = importlib.util.find_spec("feast")  # locates the package, does not run it
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = Path(root, "protos", "feast", "types", "Value_pb2.py")
+        file_spec = importlib.util.spec_from_file_location("_shopstream_feast_value_pb2", path)
+        if path.is_file() and file_spec is not None and file_spec.loader is not None:
+            module = importlib.util.module_from_spec(file_spec)
+            file_spec.loader.exec_module(module)
+            return module
+    return importlib.import_module(_FEAST_VALUE_MODULE)  # pragma: no cover - unusual installs
+
+
+_protos = _value_protos()
+ValueProto = _protos.Value
+StringList = _protos.StringList
+DoubleList = _protos.DoubleList
 
 __all__ = [
     "PROJECT",

@@ -106,3 +106,34 @@ def test_a_row_without_an_optional_feature_encodes_it_as_null() -> None:
     del row["views_1h"]
     with pytest.raises(KeyError):
         USER_ACTIVITY.encode(row)
+
+
+def test_layout_and_serving_import_without_the_feast_package() -> None:
+    # importing feast costs seconds per process (each serving worker); the layout needs only
+    # Feast's generated Value protos
+    import subprocess
+    import sys
+
+    code = ("import sys, features.feast_layout, serving.client, serving.app; "
+            "print(sorted(m for m in sys.modules if m == 'feast' or m.startswith('feast.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_layout_protos_are_feasts_own_classes_when_feast_is_imported_later() -> None:
+    import subprocess
+    import sys
+
+    code = ("from features import feast_layout as layout\n"
+            "from feast.protos.feast.types import Value_pb2\n"
+            "assert layout.ValueProto is Value_pb2.Value\n"
+            "assert layout.StringList is Value_pb2.StringList\n"
+            "assert layout.DoubleList is Value_pb2.DoubleList\n"
+            "from feast.type_map import python_values_to_proto_values\n"
+            "from feast.value_type import ValueType\n"
+            "ours = layout.encode_value('string_list', ['a', 'b'])\n"
+            "theirs = python_values_to_proto_values([['a', 'b']], ValueType.STRING_LIST)[0]\n"
+            "assert ours == theirs.SerializeToString()\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
