@@ -20,8 +20,9 @@ test-unit: setup
 test-integration: setup
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
+# The reliability suite at full size (CI's plain `pytest` runs the same tests, smaller).
 reliability: setup
-	$(BIN)/python -m pytest -m reliability $(PYTEST_ARGS)
+	SHOPSTREAM_RELIABILITY_FULL=1 $(BIN)/python -m pytest -m reliability -s $(PYTEST_ARGS)
 
 bench: setup
 	$(BIN)/python -m benchmarks.run_all
