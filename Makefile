@@ -2,14 +2,17 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+DEMO_ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: setup demo test test-unit test-integration reliability bench lint clean infra-up infra-down
+.PHONY: setup demo test test-unit test-integration reliability bench bench-smoke lint clean infra-up infra-down
 
 setup:
 	@bash scripts/setup.sh
 
+# e.g. make demo DEMO_ARGS="--all-models --keep-running"
 demo: setup
-	$(BIN)/shopstream demo
+	$(BIN)/shopstream demo $(DEMO_ARGS)
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -24,8 +27,13 @@ test-integration: setup
 reliability: setup
 	SHOPSTREAM_RELIABILITY_FULL=1 $(BIN)/python -m pytest -m reliability -s $(PYTEST_ARGS)
 
+# all three benchmarks at their default sizes, then the README table; e.g. BENCH_ARGS=training
 bench: setup
-	$(BIN)/python -m benchmarks.run_all
+	$(BIN)/python -m benchmarks.run_all $(BENCH_ARGS)
+
+# every benchmark at a tiny size (CI): results under benchmarks/results/smoke, README untouched
+bench-smoke: setup
+	$(BIN)/python -m benchmarks.run_all --smoke --results-dir benchmarks/results/smoke --no-readme
 
 lint: setup
 	$(BIN)/ruff check features training serving pipelines tests benchmarks
