@@ -48,6 +48,18 @@ def _feature_store(settings: Any, repo: Path) -> Any:
     return FeatureStore(config=config, repo_path=str(repo))
 
 
+def _empty_batch_source(path: Path) -> None:
+    """The StreamFeatureView's batch source: Feast's ``apply`` reads its schema, so it must exist."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([("user_id", pa.string()), ("views", pa.int64()), ("add_to_carts", pa.int64()),
+                        ("purchases", pa.int64()), ("spend", pa.float64()),
+                        ("event_time", pa.timestamp("us", tz="UTC"))])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(schema.empty_table(), path)
+
+
 def _transform(df: Any) -> Any:
     from pyspark.sql import functions as F
 
@@ -76,6 +88,7 @@ def run_feast_spark_processor(
     from feast.types import Float64, Int64
 
     store = _feature_store(settings, workdir / "feast_peer")
+    _empty_batch_source(workdir / "peer_batch.parquet")
     user = Entity(name="user", join_keys=["user_id"])
     batch = FileSource(
         name="peer_batch", path=str(workdir / "peer_batch.parquet"),
@@ -125,6 +138,7 @@ def run_feast_spark_processor(
     runner.start()
     points: list[tuple[float, float]] = []
     processed = 0
+    busy_ms = 0.0
     seen_batches: set[int] = set()
     deadline = started + max_seconds
     while time.monotonic() < deadline and processed < expected_events:
@@ -136,6 +150,7 @@ def run_feast_spark_processor(
                     continue
                 seen_batches.add(batch_id)
                 processed += progress["numInputRows"]
+                busy_ms += float((progress.get("durationMs") or {}).get("triggerExecution", 0))
                 points.append((time.monotonic() - started, progress.get("processedRowsPerSecond", 0.0)))
     elapsed = time.monotonic() - started
     for query in spark.streams.active:
@@ -145,6 +160,8 @@ def run_feast_spark_processor(
         "events": processed,
         "seconds": elapsed,
         "events_per_s": processed / elapsed if elapsed else 0.0,
+        "busy_s": busy_ms / 1000,
+        "busy_events_per_s": processed / (busy_ms / 1000) if busy_ms else 0.0,
         "points": points,
         "drained": processed >= expected_events,
     }

@@ -33,7 +33,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import BenchResult, bench_settings, summarize, write_result
+from benchmarks.common import (
+    RESULTS_DIR,
+    BenchResult,
+    bench_settings,
+    plot_series,
+    summarize,
+    write_result,
+)
 
 __all__ = ["main"]
 
@@ -73,13 +80,22 @@ def _backlog(settings: Any, topic: str, count: int) -> int:
     return count
 
 
+def _fresh_checkpoints(settings: Any, topic: str) -> str:
+    """A checkpoint folder of its own per query run (never one left by another topic or run)."""
+    return str(Path(settings.data_dir) / "checkpoints" / topic)
+
+
 def _throughput(settings: Any, spark: Any, count: int) -> dict[str, Any]:
+    from benchmarks.raw_peers import kafka_consumer_rate
     from pipelines.stream import StreamOptions, run_stream
 
     topic = f"bench.tp.{uuid.uuid4().hex[:8]}"
     _topic(settings, topic)
     _backlog(settings, topic, count)
-    run_settings = settings.model_copy(update={"kafka_topic_events": topic})
+    raw = kafka_consumer_rate(settings, topic, count)
+    _say(f"plain Kafka consumer: {raw['events']:,} events at {raw['events_per_s']:,.0f}/s")
+    run_settings = settings.model_copy(update={"kafka_topic_events": topic,
+                                               "checkpoint_dir": _fresh_checkpoints(settings, topic)})
     started = time.monotonic()
     recorder = run_stream(run_settings, spark=spark,
                           options=StreamOptions(stop="available_now"))
@@ -87,9 +103,16 @@ def _throughput(settings: Any, spark: Any, count: int) -> dict[str, Any]:
     batches = list(recorder.history)
     busy = sum(m.batch_duration_ms for m in batches) / 1000
     rows = sum(m.input_rows for m in batches)
+    _say(f"shopstream stream: {rows:,} events in {len(batches)} batches, {busy:.1f} s busy "
+         f"({rows / busy if busy else 0:,.0f}/s), {wall:.0f} s wall")
     return {"events": rows, "batches": len(batches), "busy_s": busy, "wall_s": wall,
             "events_per_s": rows / busy if busy else 0.0,
+            "raw": raw,
             "series": [(m.batch_id, m.processed_rows_per_second) for m in batches]}
+
+
+def _say(text: str) -> None:
+    print(f"[streaming] {text}", flush=True)
 
 
 def _send_live(settings: Any, topic: str, rate: float, stop: threading.Event) -> None:
@@ -152,13 +175,15 @@ def _probe(settings: Any, topic: str, probes: int, gap_s: float, timeout_s: floa
     return latencies
 
 
-def _freshness(settings: Any, spark: Any, mode: str, rate: float, probes: int) -> dict[str, Any]:
+def _freshness(settings: Any, spark: Any, mode: str, rate: float, probes: int,
+               warmup_s: float = 10.0) -> dict[str, Any]:
     from pipelines.stream import StreamOptions, run_stream
 
     topic = f"bench.fresh.{mode}.{uuid.uuid4().hex[:8]}"
     _topic(settings, topic)
     run_settings = settings.model_copy(update={"kafka_topic_events": topic, "stream_mode": mode,
-                                               "stream_starting_offsets": "latest"})
+                                               "stream_starting_offsets": "latest",
+                                               "checkpoint_dir": _fresh_checkpoints(settings, topic)})
     stop = threading.Event()
     started = threading.Event()
     queries: list[Any] = []
@@ -179,7 +204,7 @@ def _freshness(settings: Any, spark: Any, mode: str, rate: float, probes: int) -
         return {"error": str(error[0]).splitlines()[0][:300]}
     sender = threading.Thread(target=_send_live, args=(settings, topic, rate, stop), daemon=True)
     sender.start()
-    time.sleep(10)  # warm up: first batches, Python workers
+    time.sleep(warmup_s)  # warm up: first batches, Python workers
     latencies = _probe(settings, topic, probes, 0.5, 60.0)
     stop.set()
     sender.join()
@@ -187,7 +212,8 @@ def _freshness(settings: Any, spark: Any, mode: str, rate: float, probes: int) -
         query.stop()
     runner.join(120)
     summary = summarize(latencies, elapsed_s=1.0)
-    return {"probes": probes, "seen": summary.count, "p50_s": summary.p50_ms / 1000,
+    return {"probes": probes, "seen": summary.count, "latencies": latencies,
+            "p50_s": summary.p50_ms / 1000,
             "p99_s": summary.p99_ms / 1000, "max_s": summary.max_ms / 1000, "error": None}
 
 
@@ -199,9 +225,13 @@ def main(argv: list[str] | None = None) -> BenchResult:
     parser.add_argument("--rate", type=float, default=1000.0, help="background events/s")
     parser.add_argument("--no-peer", action="store_true", help="skip Feast's processor")
     parser.add_argument("--no-realtime", action="store_true", help="skip Real-time Mode")
+    parser.add_argument("--probes", type=int, default=None, help="freshness probes per mode (default 40)")
+    parser.add_argument("--warmup", type=float, default=10.0, help="seconds of traffic before probing")
+    parser.add_argument("--peer-timeout", type=float, default=1800.0, help="seconds for Feast's processor")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where plots go")
     args = parser.parse_args(argv if argv is not None else [])
     events = args.events or (50_000 if args.quick else 400_000)
-    probes = 10 if args.quick else 40
+    probes = args.probes or (10 if args.quick else 40)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pipelines.infra import KafkaBroker, RedisServer
@@ -220,30 +250,57 @@ def main(argv: list[str] | None = None) -> BenchResult:
                  "freshness": "p99 <= 1 s in Real-time Mode; never above 5 s in micro-batch"},
     )
     try:
+        _say(f"backlog of {events:,} events; Spark {settings.spark_master}")
         spark = spark_session(settings, app_name="bench-streaming")
         tp = _throughput(settings, spark, events)
         result.rows.append({"system": "shopstream stream (micro-batch, full pipeline)",
                             "events": tp["events"], "batches": tp["batches"],
                             "busy_s": tp["busy_s"], "events_per_s": tp["events_per_s"]})
+        raw = tp["raw"]
+        result.rows.append({"system": "plain Kafka consumer, same topic (read and discard: the raw limit)",
+                            "events": raw["events"], "batches": None, "busy_s": raw["seconds"],
+                            "events_per_s": raw["events_per_s"]})
+        if raw["events_per_s"]:
+            result.ratios["throughput: shopstream / plain Kafka consumer"] = (
+                tp["events_per_s"] / raw["events_per_s"])
+        series: dict[str, tuple[list[float], list[float]]] = {
+            "shopstream stream": ([float(b) for b, _ in tp["series"]], [r for _, r in tp["series"]])}
         if not args.no_peer:
             from benchmarks.feast_stream_peer import run_feast_spark_processor
 
+            _say(f"Feast SparkKafkaProcessor on a backlog of {events:,} events")
             topic = f"bench.peer.{uuid.uuid4().hex[:8]}"
             _topic(settings, topic)
             _backlog(settings, topic, events)
             peer = run_feast_spark_processor(settings, spark, topic=topic, expected_events=events,
-                                             max_seconds=1800,
+                                             max_seconds=args.peer_timeout,
                                              workdir=Path(settings.data_dir).resolve().parent)
+            peer_rate = peer.get("busy_events_per_s") or peer["events_per_s"]
+            _say(f"Feast SparkKafkaProcessor: {peer['events']:,} events, {peer_rate:,.0f}/s busy")
             result.rows.append({"system": "Feast SparkKafkaProcessor (running counters only)",
-                                "events": peer["events"], "batches": len(peer.get("series", [])),
-                                "busy_s": peer["seconds"], "events_per_s": peer["events_per_s"]})
-            if peer["events_per_s"]:
-                result.ratios["throughput: shopstream / Feast processor"] = (
-                    tp["events_per_s"] / peer["events_per_s"])
+                                "events": peer["events"], "batches": len(peer.get("points", [])),
+                                "busy_s": peer.get("busy_s") or peer["seconds"], "events_per_s": peer_rate})
+            if not peer.get("drained", True):
+                result.notes.append(f"Feast's processor drained {peer['events']:,} of {events:,} events "
+                                    f"within {args.peer_timeout:.0f} s")
+            if peer_rate:
+                result.ratios["throughput: shopstream / Feast processor"] = tp["events_per_s"] / peer_rate
+            series["Feast SparkKafkaProcessor"] = (
+                [float(n) for n in range(len(peer.get("points", [])))],
+                [r for _, r in peer.get("points", [])])
+        result.plots.append(str(plot_series(
+            series, args.results_dir / "streaming_throughput.png",
+            title="Rows/s per micro-batch (x: batch number)", ylabel="rows/s")))
+        freshness: dict[str, list[float]] = {}
         for mode in ("microbatch", "realtime"):
             if mode == "realtime" and args.no_realtime:
                 continue
-            fresh = _freshness(settings, spark, mode, args.rate, probes)
+            _say(f"freshness, {mode}: {probes} probes at {args.rate:,.0f} background events/s")
+            fresh = _freshness(settings, spark, mode, args.rate, probes, args.warmup)
+            _say(f"freshness, {mode}: " + (f"could not run: {fresh['error']}" if fresh.get("error") else
+                 f"{fresh['seen']}/{probes} seen, p50 {fresh['p50_s']:.2f} s, p99 {fresh['p99_s']:.2f} s"))
+            if fresh.get("latencies"):
+                freshness[mode] = fresh["latencies"]
             row = {"system": f"freshness, {mode}", "events": fresh.get("seen", 0),
                    "batches": fresh.get("probes", 0), "busy_s": None, "events_per_s": None,
                    "p50_s": fresh.get("p50_s"), "p99_s": fresh.get("p99_s"),
@@ -251,6 +308,12 @@ def main(argv: list[str] | None = None) -> BenchResult:
             if fresh.get("error"):
                 result.notes.append(f"{mode}: could not run: {fresh['error']}")
             result.rows.append(row)
+        if freshness:
+            from benchmarks.common import plot_latency_histograms
+
+            result.plots.append(str(plot_latency_histograms(
+                freshness, args.results_dir / "streaming_freshness.png",
+                title="Freshness: event time -> readable in Redis")))
     finally:
         broker.stop()
         redis.stop()
@@ -265,6 +328,7 @@ if __name__ == "__main__":
     for noisy in ("kafka", "py4j"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     outcome = main(sys.argv[1:])
-    path = write_result(outcome)
+    path = write_result(outcome, Path(sys.argv[sys.argv.index("--results-dir") + 1])
+                        if "--results-dir" in sys.argv else RESULTS_DIR)
     print(outcome.markdown())
     print(f"wrote {path}")

@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
             "fit_s": mine.get("fit_s"), "cpu_s": mine.get("cpu_s"),
             "peak_mb": mine.get("peak_mb"), "fit_extra_mb": mine.get("fit_extra_mb"),
             "reference": REFERENCES.get(kind, "none installed") if not args.no_peer else "skipped",
-            "ref_fit_s": ref.get("fit_s"), "ref_peak_mb": ref.get("peak_mb"),
+            "ref_fit_s": ref.get("fit_s"), "ref_cpu_s": ref.get("cpu_s"), "ref_peak_mb": ref.get("peak_mb"),
         }
         result.rows.append(row)
         if "error" in mine:
@@ -268,6 +268,8 @@ def main(argv: list[str] | None = None) -> BenchResult:
             result.notes.append(f"{kind} reference failed: {ref['error']}")
         if "fit_s" in mine and "fit_s" in ref and mine["fit_s"] > 0:
             result.ratios[f"{kind} fit time: reference / shopstream"] = ref["fit_s"] / mine["fit_s"]
+            if mine["cpu_s"] > 0:
+                result.ratios[f"{kind} CPU time: reference / shopstream"] = ref["cpu_s"] / mine["cpu_s"]
             result.ratios[f"{kind} peak RSS: reference / shopstream"] = ref["peak_mb"] / mine["peak_mb"]
     components = ("popularity", "popularity_region", "item_knn", "ease", "als")
     if "fit_s" in ours.get("ltr", {}) and all("fit_s" in ours.get(c, {}) for c in components):
@@ -283,7 +285,8 @@ def main(argv: list[str] | None = None) -> BenchResult:
         f"{first.get('items', info['items']):,} items, {first.get('nnz', 0):,} non-zero pairs; "
         f"digest {info['digest']}.")
     result.notes.append(
-        "fit_s: wall seconds of one fit with default parameters (no tuning); peak_mb: the fitting "
+        "fit_s: wall seconds of one fit with default parameters (no tuning); cpu_s: its CPU seconds "
+        "(all threads; steadier than wall time on a busy machine); peak_mb: the fitting "
         "process's RSS high-water mark during the fit, input included; fit_extra_mb: peak minus the "
         "RSS before the fit. Ratios above 1 mean shopstream is faster / smaller.")
     result.notes.append(

@@ -1,0 +1,102 @@
+"""Every benchmark end to end at a tiny size, against the real components.
+
+``python -m benchmarks.run_all --smoke NAME`` starts what the benchmark needs (Kafka,
+redis-server, Spark, ``shopstream serve``, ``feast serve``, child fits) exactly as
+``make bench`` does, only with small counts and short durations. The figures mean
+nothing at this size and are not checked; what is checked is that the result files
+are written, that the peer measured in the same run has a figure, that the ratio
+against it is there, and that the README block is rewritten (a copy, never the
+project's README).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.run_all import END, START
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run_smoke(name: str, tmp_path: Path) -> tuple[dict[str, Any], Path, Path]:
+    results = tmp_path / "results"
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# copy\n\n{START}\nold block\n{END}\n\nafter\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SHOPSTREAM_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run_all", "--smoke", "--results-dir", str(results),
+         "--readme", str(readme), name],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False,
+    )
+    assert done.returncode == 0, f"{name} smoke failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    payload = json.loads((results / f"{name}.json").read_text())
+    assert (results / f"{name}.md").read_text().startswith("### ")
+    for plot in payload["plots"]:
+        assert Path(plot).is_file() and Path(plot).parent == results, plot
+    text = readme.read_text()
+    assert "old block" not in text and text.endswith(f"{END}\n\nafter\n")
+    assert payload["title"] in text
+    return payload, results, readme
+
+
+def _row(payload: dict[str, Any], prefix: str) -> dict[str, Any]:
+    rows = [r for r in payload["rows"] if str(r.get("system") or r.get("model")).startswith(prefix)]
+    assert rows, f"no row starting with {prefix!r} in {[r.get('system') or r.get('model') for r in payload['rows']]}"
+    return rows[0]
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def test_streaming_smoke(tmp_path: Path) -> None:
+    payload, _, _ = _run_smoke("streaming_throughput", tmp_path)
+    ours = _row(payload, "shopstream stream")
+    assert ours["events"] > 0 and _positive(ours["events_per_s"])
+    peer = _row(payload, "Feast SparkKafkaProcessor")
+    assert peer["events"] > 0 and _positive(peer["events_per_s"])
+    raw = _row(payload, "plain Kafka consumer")
+    assert raw["events"] > 0 and _positive(raw["events_per_s"])
+    assert _positive(payload["ratios"]["throughput: shopstream / Feast processor"])
+    assert _positive(payload["ratios"]["throughput: shopstream / plain Kafka consumer"])
+    micro = _row(payload, "freshness, microbatch")
+    assert micro["events"] > 0 and _positive(micro["p99_s"])  # probes seen in Redis
+
+
+def test_serving_smoke(tmp_path: Path) -> None:
+    payload, results, _ = _run_smoke("serving_latency", tmp_path)
+    ours = _row(payload, "shopstream ServingClient.recommendations")
+    assert ours["count"] > 0 and ours["errors"] == 0 and _positive(ours["p99_ms"])
+    feast = _row(payload, "Feast get_online_features")
+    assert feast["count"] > 0 and _positive(feast["p99_ms"])
+    feast_http = _row(payload, "feast serve POST /get-online-features (user_activity), one at a time")
+    assert feast_http["count"] > 0 and _positive(feast_http["p99_ms"])
+    assert _positive(payload["ratios"]["in-process p99: Feast get_online_features / shopstream"])
+    assert _positive(payload["ratios"]["HTTP p99 one at a time: feast serve / shopstream serve"])
+    assert (results / "serving_in_process.png").is_file()
+
+
+def test_training_smoke(tmp_path: Path) -> None:
+    payload, results, _ = _run_smoke("training", tmp_path)
+    rows = {r["model"]: r for r in payload["rows"]}
+    assert {"popularity", "item_knn", "ease", "als"} <= set(rows)
+    for kind in ("popularity", "item_knn", "ease", "als"):
+        row = rows[kind]
+        assert _positive(row["fit_s"]) and _positive(row["peak_mb"]), row
+        assert _positive(row["ref_fit_s"]) and _positive(row["ref_peak_mb"]), row
+        assert _positive(payload["ratios"][f"{kind} fit time: reference / shopstream"])
+        assert _positive(payload["ratios"][f"{kind} peak RSS: reference / shopstream"])
+    assert (results / "training_fit.png").is_file()
+    # the generated input is cached beside the run, not in the repository
+    assert list((tmp_path / ".shopstream-bench" / "training").glob("interactions-*.parquet"))
