@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 
 from pipelines.settings import Settings
 from serving.api.deps import key_digest
+from serving.api.fast import RecommendationsFastPath
 from serving.api.routes import ROUTERS
 from serving.client import AsyncServingClient
 from serving.errors import InvalidParameter, ServingError
@@ -33,7 +34,7 @@ from serving.metrics import MetricsMiddleware, ServingMetrics
 from serving.overload import OverloadGuard
 from serving.validation import message_for
 
-__all__ = ["create_app", "create_app_from_env"]
+__all__ = ["create_app", "create_app_from_env", "error_response"]
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.api_key_digest = (
         key_digest(settings.api_key.get_secret_value()) if settings.api_key is not None else None
     )
+    # innermost first: the fast path sits inside the metrics middleware, so it is timed too
+    app.add_middleware(RecommendationsFastPath, render_error=error_response)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     # Outermost: past 2x the Redis pool in flight, answer 503 at once (serving/overload.py).
     app.add_middleware(OverloadGuard, max_in_flight=2 * settings.serving_redis_max_connections)
@@ -130,12 +133,17 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
                         content={"detail": detail, "errors": errors})
 
 
-async def _serving_error(request: Request, exc: ServingError) -> JSONResponse:
+def error_response(exc: ServingError) -> JSONResponse:
+    """The JSON answer to a :class:`~serving.errors.ServingError` (422, 404, 503 + Retry-After)."""
     headers = {"Retry-After": "1"} if exc.status_code == status.HTTP_503_SERVICE_UNAVAILABLE else None
     content: dict[str, object] = {"detail": exc.message}
     if isinstance(exc, InvalidParameter):
         content["errors"] = [{"param": exc.param, "message": exc.message}]
     return JSONResponse(status_code=exc.status_code, content=content, headers=headers)
+
+
+async def _serving_error(request: Request, exc: ServingError) -> JSONResponse:
+    return error_response(exc)
 
 
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:

@@ -118,6 +118,42 @@ def test_get_recommendations_with_a_space_in_the_user_id(http: TestClient) -> No
     assert response.status_code == 200 and response.json()["user_id"] == "United Kingdom"
 
 
+def _without_ages(body: dict[str, Any]) -> dict[str, Any]:
+    return dict(body, freshness={k: v["as_of"] for k, v in body["freshness"].items()})
+
+
+@pytest.mark.parametrize("query", [
+    {"k": "5", "region": UK},                                   # answered by the fast path
+    {"k": "5", "region": UK, "exclude_purchased": "yes"},       # a spelling only FastAPI reads
+    {"k": "+5", "region": UK},                                  # idem
+])
+def test_recommendations_fast_path_and_fastapi_give_the_same_answer(
+    http: TestClient, query: dict[str, str]
+) -> None:
+    # the fast path (serving/api/fast.py) answers plain requests and hands the rest to FastAPI
+    plain = http.get(f"/v1/users/{KNOWN_USER}/recommendations", params={"k": "5", "region": UK})
+    other = http.get(f"/v1/users/{KNOWN_USER}/recommendations", params=query)
+    assert plain.status_code == other.status_code == 200
+    assert plain.headers["content-type"] == other.headers["content-type"] == "application/json"
+    assert _without_ages(plain.json()) == _without_ages(other.json())
+    assert list(plain.json()) == list(other.json())  # same fields, same order
+
+
+def test_recommendations_edge_parameters_keep_fastapis_rules(http: TestClient) -> None:
+    base = f"/v1/users/{KNOWN_USER}/recommendations"
+    assert http.get(base + "?k=100").status_code == 200
+    assert http.get(base + "?region=").json()["user_id"] == KNOWN_USER  # empty: not given
+    assert len(http.get(base + "?k=2&k=3").json()["items"]) == 3  # repeated: the last wins
+    assert http.get(base + "?exclude_purchased=FALSE").status_code == 200
+    for bad, param in (("k=101", "k"), ("k=1.5", "k"), ("exclude_purchased=maybe", "exclude_purchased"),
+                       ("region=%2F", "region")):
+        response = http.get(f"{base}?{bad}")
+        assert response.status_code == 422, bad
+        assert response.json()["errors"][0]["param"] == param
+    assert http.get("/v1/users/a%2Fb/recommendations").status_code in (404, 422)
+    assert http.post(base).status_code == 405
+
+
 def test_get_similar_items(http: TestClient) -> None:
     body = http.get("/v1/items/85123A/similar", params={"k": 2}).json()
     assert _ids(body) == ["71053", "21730"] and body["model_version"] == "v1"
