@@ -280,6 +280,8 @@ def main(argv: list[str] | None = None) -> BenchResult:
             result.rows.append({"system": "Feast SparkKafkaProcessor (running counters only)",
                                 "events": peer["events"], "batches": len(peer.get("points", [])),
                                 "busy_s": peer.get("busy_s") or peer["seconds"], "events_per_s": peer_rate})
+            if peer.get("error"):
+                result.notes.append(f"Feast SparkKafkaProcessor: {peer['error']}")
             if not peer.get("drained", True):
                 result.notes.append(f"Feast's processor drained {peer['events']:,} of {events:,} events "
                                     f"within {args.peer_timeout:.0f} s")

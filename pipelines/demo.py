@@ -53,6 +53,8 @@ class DemoContext:
     started_infra: bool = False
     api: Any = None
     stream: Any = None
+    backfill: Any = None
+    """A backfill running alongside training (``subprocess.Popen``), until the train stage ends."""
     """The background ``shopstream stream`` (started in the stream stage, kept for the live clicks)."""
     notes: dict[str, Any] = field(default_factory=dict)
     timings: list[tuple[str, float]] = field(default_factory=list)
@@ -177,10 +179,44 @@ def _start_api(ctx: DemoContext) -> None:
 
 
 def _stage_backfill(ctx: DemoContext) -> None:
+    """Backfill the generated stream's hour; alongside training unless the re-ranker needs it.
+
+    Only the learning-to-rank re-ranker reads the backfill's snapshots (Feast historical
+    features), so with the default models the backfill runs in the background while the
+    models train (its output goes to a log, summarized when the training is done).
+    """
     _start_api(ctx)
-    # The generated stream covers the last minutes; backfill the last day of it.
     since = (datetime.now(UTC) - timedelta(hours=1)).replace(minute=0, second=0, microsecond=0)
-    _run(ctx, "backfill", "--since", since.isoformat(), "--every", "30")
+    args = ("backfill", "--since", since.isoformat(), "--every", "30")
+    if ctx.all_models:
+        _run(ctx, *args)
+        return
+    log_file = ctx.settings.run_path / "demo" / "backfill.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    console.print(f"[bold cyan]$ shopstream {' '.join(args)}[/bold cyan]  (in the background, alongside "
+                  f"training; log: {log_file})")
+    with log_file.open("wb") as out:
+        ctx.backfill = subprocess.Popen(_shopstream(*args), stdout=out, stderr=subprocess.STDOUT)
+    ctx.notes["backfill_log"] = log_file
+
+
+def _await_backfill(ctx: DemoContext) -> None:
+    """Wait for a background backfill; print the end of its output; fail the stage if it failed."""
+    proc, ctx.backfill = ctx.backfill, None
+    if proc is None:
+        return
+    console.print("waiting for the backfill to finish ...")
+    try:
+        code = proc.wait(timeout=900)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise DemoError("`shopstream backfill` did not finish within 900 s") from None
+    log_file = ctx.notes.get("backfill_log")
+    lines = log_file.read_text(errors="replace").splitlines() if log_file else []
+    console.print(Rule("shopstream backfill (ran alongside training)", style="dim"))
+    console.print("\n".join(lines[-20:]), markup=False, highlight=False)
+    if code != 0:
+        raise DemoError(f"`shopstream backfill` exited with status {code} (see {log_file})")
 
 
 def _stage_train(ctx: DemoContext) -> None:
@@ -188,7 +224,10 @@ def _stage_train(ctx: DemoContext) -> None:
     if not ctx.all_models:
         console.print("[dim](a subset of the models; `shopstream demo --all-models` adds ALS and the "
                       "learning-to-rank re-ranker)[/dim]")
-    _run(ctx, "train", "--model", models, timeout=900)
+    try:
+        _run(ctx, "train", "--model", models, timeout=900)
+    finally:
+        _await_backfill(ctx)
 
 
 def _stage_serve(ctx: DemoContext) -> None:
@@ -366,7 +405,7 @@ STAGES: list[tuple[str, Callable[[DemoContext], None]]] = [
     ("Replay the real Online Retail data set into Kafka", _stage_replay),
     ("Generate a synthetic clickstream (1% malformed) into Kafka", _stage_generate),
     ("Stream it: validate, quarantine, offline store, online features", _stage_stream),
-    ("Backfill features in batch (snapshots for training)", _stage_backfill),
+    ("Backfill features in batch (snapshots for training; alongside training by default)", _stage_backfill),
     ("Train, evaluate and register recommenders (MLflow)", _stage_train),
     ("Serve the API", _stage_serve),
     ("Top sellers per region", _stage_top_sellers),
@@ -396,6 +435,8 @@ def run_demo(settings: Settings, *, keep_running: bool = False, events: int = GE
     finally:
         if not keep_running:
             t0 = time.monotonic()
+            if ctx.backfill is not None and ctx.backfill.poll() is None:
+                ctx.backfill.terminate()
             if ctx.stream is not None:
                 ctx.stream.stop(timeout=60)
             if ctx.api is not None:

@@ -84,3 +84,54 @@ def test_a_failing_stage_is_timed_and_the_summary_still_printed(
     text = out.getvalue()
     assert "Demo stage times" in text
     assert "first stage" in text and "second stage" in text
+
+
+def test_backfill_runs_alongside_training_only_without_the_re_ranker(
+    commands: list[tuple[str, ...]], monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
+) -> None:
+    started: list[list[str]] = []
+
+    class FakeProcess:
+        def __init__(self, cmd: list[str], **kwargs: Any) -> None:
+            started.append(cmd)
+
+        def wait(self, timeout: float | None = None) -> int:
+            return 0
+
+        def poll(self) -> int:
+            return 0
+
+    monkeypatch.setattr(demo, "_start_api", lambda ctx: None)
+    monkeypatch.setattr(demo.subprocess, "Popen", FakeProcess)
+    settings = Settings(_env_file=None, data_dir=str(tmp_path), run_dir=str(tmp_path / "run"))  # type: ignore[call-arg]
+
+    ctx = demo.DemoContext(settings)
+    demo._stage_backfill(ctx)
+    assert commands == [] and len(started) == 1 and "backfill" in started[0]
+    demo._stage_train(ctx)  # waits for the background backfill after training
+    assert [c[0] for c in commands] == ["train"] and ctx.backfill is None
+
+    commands.clear()
+    started.clear()
+    ctx = demo.DemoContext(settings, all_models=True)  # the re-ranker reads the backfill's snapshots
+    demo._stage_backfill(ctx)
+    assert [c[0] for c in commands] == ["backfill"] and started == []
+
+
+def test_a_failed_background_backfill_fails_the_train_stage(
+    commands: list[tuple[str, ...]], monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
+) -> None:
+    class FailedProcess:
+        def __init__(self, cmd: list[str], **kwargs: Any) -> None:
+            pass
+
+        def wait(self, timeout: float | None = None) -> int:
+            return 2
+
+    monkeypatch.setattr(demo, "_start_api", lambda ctx: None)
+    monkeypatch.setattr(demo.subprocess, "Popen", FailedProcess)
+    settings = Settings(_env_file=None, data_dir=str(tmp_path), run_dir=str(tmp_path / "run"))  # type: ignore[call-arg]
+    ctx = demo.DemoContext(settings)
+    demo._stage_backfill(ctx)
+    with pytest.raises(demo.DemoError, match="backfill"):
+        demo._stage_train(ctx)
