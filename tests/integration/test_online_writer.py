@@ -27,7 +27,7 @@ def user_row(user_id: str, ts: datetime = T, **overrides: Any) -> dict[str, Any]
         "distinct_items_viewed_1h": 2, "last_event_time": ts - timedelta(seconds=7),
         "top_category": "c1", "category_affinity_ids": ["c1", "c2"],
         "category_affinity_weights": [6.0, 1.0], "last_viewed_items": ["i9", "i3"],
-        "event_timestamp": ts, "created": ts,
+        "last_purchased_items": ["i3"], "event_timestamp": ts, "created": ts,
     }
     row.update(overrides)
     return row
@@ -48,7 +48,7 @@ def item_row(item_id: str, ts: datetime = T, **overrides: Any) -> dict[str, Any]
 # a user with every kind of null / empty value Feast can hold
 EMPTY_USER = user_row("u-empty", top_category=None, last_event_time=None,
                       category_affinity_ids=[], category_affinity_weights=[],
-                      last_viewed_items=[])
+                      last_viewed_items=[], last_purchased_items=[])
 USERS = [user_row("u1"), user_row("ü:2*", views_1h=0, spend_24h=0.25), EMPTY_USER]
 ITEMS = [item_row("A"), item_row("B", category_id=None, conversion_rate_1h=0.0)]
 
@@ -71,8 +71,10 @@ def snapshot(client: Any) -> dict[bytes, dict[bytes, bytes]]:
 
 def online(store: Any, users: list[str], items: list[str]) -> dict[str, list[Any]]:
     rows = [{"user_id": u, "item_id": i} for u, i in zip(users, items, strict=True)]
+    refs = [f"{spec.name}:{name}" for spec in (USER_ACTIVITY, ITEM_STATS)
+            for name in spec.feature_names]  # every feature (ranking_v1 is a subset)
     return store.get_online_features(
-        features=store.get_feature_service("ranking_v1"), entity_rows=rows,
+        features=refs, entity_rows=rows,
         full_feature_names=True,
     ).to_dict()
 
