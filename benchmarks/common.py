@@ -123,7 +123,7 @@ class BenchResult:
         """The table, ratios, targets and notes (and the plots' image links unless ``plots=False``)."""
         lines = [f"### {self.title}", ""]
         if self.rows:
-            columns = list(self.rows[0])
+            columns = list(dict.fromkeys(c for row in self.rows for c in row))  # every row's columns, in order
             lines.append("| " + " | ".join(columns) + " |")
             lines.append("|" + "---|" * len(columns))
             for row in self.rows:

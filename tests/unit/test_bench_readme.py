@@ -94,3 +94,11 @@ def test_the_project_readme_has_the_markers_once() -> None:
     readme = Path(__file__).resolve().parents[2] / "README.md"
     text = readme.read_text()
     assert rewrite_readme(text, "x").count(START) == 1
+
+
+def test_table_has_every_rows_columns() -> None:
+    result = BenchResult(name="x", title="t", rows=[{"system": "a", "events_per_s": 10.0},
+                                                     {"system": "b", "p99_s": 0.5}])
+    header = result.markdown().splitlines()[2]
+    assert header == "| system | events_per_s | p99_s |"
+    assert "| b | None | 0.500 |" in result.markdown()
