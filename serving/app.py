@@ -30,7 +30,7 @@ from serving.api.fast import RecommendationsFastPath
 from serving.api.routes import ROUTERS
 from serving.client import AsyncServingClient
 from serving.errors import InvalidParameter, ServingError
-from serving.metrics import MetricsMiddleware, ServingMetrics
+from serving.metrics import MetricsMiddleware, ServingMetrics, shared_metrics_dir
 from serving.overload import OverloadGuard
 from serving.validation import message_for
 
@@ -58,18 +58,25 @@ TAGS = [
 ]
 
 
-async def _keep_warm(client: AsyncServingClient, interval_s: float) -> None:
+async def _keep_warm(client: AsyncServingClient, metrics: ServingMetrics, interval_s: float) -> None:
     while True:
         await asyncio.sleep(interval_s)
         try:
             await client.warm()
         except Exception:  # noqa: BLE001 - the refresher must outlive any one failure
             log.exception("refreshing the in-memory top sellers failed")
+        metrics.publish()  # for the other workers' /metrics (no-op with one worker)
 
 
 def create_app(settings: Settings) -> FastAPI:
-    """Build the API for ``settings`` (Redis address, timeouts, API key, re-ranking knobs)."""
-    metrics = ServingMetrics()
+    """Build the API for ``settings`` (Redis address, timeouts, API key, re-ranking knobs).
+
+    With ``api_workers > 1`` the workers' ``/metrics`` answer the sum over all of them
+    (:mod:`serving.metrics`).
+    """
+    metrics = ServingMetrics(
+        share_dir=shared_metrics_dir(settings.run_path, settings.api_port)
+        if settings.api_workers > 1 else None)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -83,7 +90,9 @@ def create_app(settings: Settings) -> FastAPI:
         # walk it and show up as latency spikes.
         gc.collect()
         gc.freeze()
-        refresher = asyncio.create_task(_keep_warm(client, settings.serving_refresh_seconds))
+        metrics.publish()
+        refresher = asyncio.create_task(
+            _keep_warm(client, metrics, settings.serving_refresh_seconds))
         try:
             yield
         finally:
@@ -91,6 +100,7 @@ def create_app(settings: Settings) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await refresher
             await client.aclose()
+            metrics.publish()  # a stopping worker's counts stay in the sum
 
     app = FastAPI(
         title="shopstream serving API",

@@ -5,9 +5,20 @@ numbers exposed through a custom collector in a ``CollectorRegistry`` of its
 own. So two apps in one process never collide, recording costs a dict lookup,
 and nothing depends on prometheus_client's process-wide value storage (which
 Feast switches to multiprocess files by exporting ``PROMETHEUS_MULTIPROC_DIR``
-as soon as ``feast.metrics`` is imported). With ``api_workers > 1`` every
-uvicorn worker exposes its own numbers; scrape each worker or run one worker
-per container (the usual Kubernetes setup).
+as soon as ``feast.metrics`` is imported).
+
+Several workers
+---------------
+With ``api_workers > 1`` the workers share one port, so a scrape reaches one of
+them at random. Each worker then publishes its numbers to a folder of its own
+server (``<run_dir>/api/metrics-<port>/<pid>.json``, written atomically every
+``serving_refresh_seconds`` and at shutdown), and ``/metrics`` answers the sum
+over every worker of this server: the answering worker's live numbers plus the
+others' last published ones (at most ``serving_refresh_seconds`` old). Counters
+and histograms of a worker that exited keep counting (they are cumulative, as in
+prometheus_client's multiprocess mode); ``redis_up`` is the minimum over the
+live workers, and ``shopstream_api_workers`` says how many reported.
+``shopstream serve`` empties the folder before starting the workers.
 
 Series
 ------
@@ -24,14 +35,20 @@ Series
     ``timeout``, ``connection``, ``response``.
 ``shopstream_serving_redis_up``
     1 after a successful Redis round trip, 0 after a failed one.
+``shopstream_api_workers``
+    Workers whose numbers the answer includes (1 with a single worker).
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import threading
 import time
 from bisect import bisect_left
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -44,7 +61,10 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-__all__ = ["ServingMetrics", "MetricsMiddleware", "CONTENT_TYPE_LATEST", "LATENCY_BUCKETS"]
+__all__ = ["ServingMetrics", "MetricsMiddleware", "CONTENT_TYPE_LATEST", "LATENCY_BUCKETS",
+           "shared_metrics_dir"]
+
+log = logging.getLogger(__name__)
 
 LATENCY_BUCKETS = (
     0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -52,10 +72,34 @@ LATENCY_BUCKETS = (
 """Seconds; fine-grained below 5 ms, where the API's targets are."""
 
 
-class ServingMetrics(Collector):
-    """The serving metrics: recorded in process, exposed in Prometheus' text format."""
+def shared_metrics_dir(run_path: Path, port: int) -> Path:
+    """The folder where the workers of the server on ``port`` publish their numbers."""
+    return run_path / "api" / f"metrics-{port}"
 
-    def __init__(self) -> None:
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ServingMetrics(Collector):
+    """The serving metrics: recorded in process, exposed in Prometheus' text format.
+
+    Parameters
+    ----------
+    share_dir
+        With several workers: the folder they publish to (:func:`shared_metrics_dir`);
+        ``None`` (one worker): this process's numbers only.
+    """
+
+    def __init__(self, share_dir: Path | None = None) -> None:
+        self.share_dir = share_dir
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         # (route, method, status) -> [per-bucket counts (last: +Inf), sum of seconds]
         self._latency: dict[tuple[str, str, str], list[Any]] = {}
@@ -91,13 +135,68 @@ class ServingMetrics(Collector):
     def set_redis_up(self, up: bool) -> None:
         self._redis_up = 1.0 if up else 0.0
 
+    # --- sharing between workers ------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """This process's numbers as JSON-able data (what :meth:`publish` writes)."""
+        with self._lock:
+            return {
+                "pid": self._pid,
+                "latency": [[*k, [*v[0]], v[1]] for k, v in self._latency.items()],
+                "errors": [[*k, v] for k, v in self._errors.items()],
+                "fallbacks": [[k, v] for k, v in self._fallbacks.items()],
+                "redis_errors": [[k, v] for k, v in self._redis_errors.items()],
+                "redis_up": self._redis_up,
+            }
+
+    def publish(self) -> None:
+        """Write :meth:`state` to ``share_dir/<pid>.json`` atomically (no-op without a dir)."""
+        if self.share_dir is None:
+            return
+        try:
+            self.share_dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.share_dir / f".{self._pid}.json.tmp"
+            tmp.write_text(json.dumps(self.state()))
+            os.replace(tmp, self.share_dir / f"{self._pid}.json")
+        except OSError as exc:  # metrics must never break serving
+            log.warning("could not publish this worker's metrics to %s: %s", self.share_dir, exc)
+
+    def _states(self) -> list[dict[str, Any]]:
+        """This process's live state, then every other worker's last published one."""
+        states = [self.state()]
+        if self.share_dir is None:
+            return states
+        self.publish()
+        for path in sorted(self.share_dir.glob("*.json")):
+            if path.stem == str(self._pid):
+                continue
+            try:
+                states.append(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                continue  # being replaced right now, or unreadable: skip this scrape
+        return states
+
     # --- exposition --------------------------------------------------------
     def collect(self) -> Iterator[Metric]:
-        with self._lock:
-            latency = {k: ([*v[0]], v[1]) for k, v in self._latency.items()}
-            errors = dict(self._errors)
-            fallbacks = dict(self._fallbacks)
-            redis_errors = dict(self._redis_errors)
+        latency: dict[tuple[str, str, str], tuple[list[int], float]] = {}
+        errors: dict[tuple[str, str], float] = {}
+        fallbacks: dict[str, float] = {}
+        redis_errors: dict[str, float] = {}
+        redis_up: list[float] = []
+        states = self._states()
+        for state in states:
+            for route, method, code, counts, total in state["latency"]:
+                key = (route, method, code)
+                old_counts, old_total = latency.get(key, ([0] * len(counts), 0.0))
+                latency[key] = ([a + b for a, b in zip(old_counts, counts, strict=True)],
+                                old_total + total)
+            for route, code, value in state["errors"]:
+                errors[(route, code)] = errors.get((route, code), 0.0) + value
+            for name, value in state["fallbacks"]:
+                fallbacks[name] = fallbacks.get(name, 0.0) + value
+            for name, value in state["redis_errors"]:
+                redis_errors[name] = redis_errors.get(name, 0.0) + value
+            if state["pid"] == self._pid or _alive(int(state["pid"])):
+                redis_up.append(float(state["redis_up"]))
         histogram = HistogramMetricFamily(
             "shopstream_api_request_duration_seconds",
             "API request latency by route template, method and status.",
@@ -117,8 +216,12 @@ class ServingMetrics(Collector):
         yield _counter("shopstream_serving_redis_errors", "Failed Redis round trips, by kind.",
                        ["kind"], {(k,): v for k, v in redis_errors.items()})
         yield GaugeMetricFamily("shopstream_serving_redis_up",
-                                "1 after a successful Redis round trip, 0 after a failed one.",
-                                value=self._redis_up)
+                                "1 after a successful Redis round trip, 0 after a failed one "
+                                "(the minimum over live workers).",
+                                value=min(redis_up, default=self._redis_up))
+        yield GaugeMetricFamily("shopstream_api_workers",
+                                "Workers whose numbers this answer includes.",
+                                value=len(redis_up))
 
     def render(self) -> bytes:
         """The text exposition format."""

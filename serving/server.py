@@ -49,6 +49,14 @@ def run(settings: Settings) -> None:
         uvicorn.run(create_app(settings), **options)
     else:
         # Workers are separate processes: each rebuilds the settings from the same
-        # environment through the factory.
+        # environment through the factory. They publish their metrics to one folder
+        # (serving.metrics), emptied here so a previous run's numbers are not summed in.
+        import shutil
+
+        from serving.metrics import shared_metrics_dir
+
+        share = shared_metrics_dir(settings.run_path, settings.api_port)
+        shutil.rmtree(share, ignore_errors=True)
+        share.mkdir(parents=True, exist_ok=True)
         uvicorn.run("serving.app:create_app_from_env", factory=True,
                     workers=settings.api_workers, **options)

@@ -122,7 +122,7 @@ def test_serve_with_two_workers(make_settings: Callable[..., Settings], redis_cl
                                 tmp_path: Path) -> None:
     settings = make_settings(api_port=free_port())
     seed_store(redis_client, settings)
-    proc = _serve(settings, tmp_path, SHOPSTREAM_API_WORKERS="2")
+    proc = _serve(settings, tmp_path, SHOPSTREAM_API_WORKERS="2", SHOPSTREAM_SERVING_REFRESH_SECONDS="0.5")
     base = f"http://127.0.0.1:{settings.api_port}"
     try:
         _wait_healthy(proc, base, tmp_path / "serve.log")
@@ -130,6 +130,20 @@ def test_serve_with_two_workers(make_settings: Callable[..., Settings], redis_cl
             for _ in range(6):
                 body = http.get(f"/v1/users/{KNOWN_USER}/recommendations").json()
                 assert body["known_user"] is True and body["model_version"] == "v1"
+            # /metrics, whichever worker answers, sums both workers (each publishes its
+            # numbers every serving_refresh_seconds, here 0.5 s)
+            route = "/v1/users/{user_id}/recommendations"
+            count = (f'shopstream_api_request_duration_seconds_count{{method="GET",'
+                     f'route="{route}",status="200"}} ')
+            deadline = time.monotonic() + 30
+            while True:
+                text = http.get("/metrics").text
+                lines = dict(line.rsplit(" ", 1) for line in text.splitlines()
+                             if line and not line.startswith("#"))
+                if float(lines.get(count.strip(), 0)) == 6 and float(lines["shopstream_api_workers"]) == 2:
+                    break
+                assert time.monotonic() < deadline, text
+                time.sleep(0.2)
         assert _stop(proc) in (0, -signal.SIGTERM)
     finally:
         if proc.poll() is None:

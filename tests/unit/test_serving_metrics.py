@@ -50,3 +50,45 @@ def test_two_instances_do_not_share_numbers() -> None:
     a, b = ServingMetrics(), ServingMetrics()
     a.fallback("degraded")
     assert ("shopstream_serving_fallbacks_total", (("reason", "degraded"),)) not in _samples(b)
+
+
+def _value(text: str, series: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_workers_sharing_a_folder_answer_the_sum(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from serving.metrics import ServingMetrics
+
+    route = "/v1/users/{user_id}/recommendations"
+    count = f'shopstream_api_request_duration_seconds_count{{method="GET",route="{route}",status="200"}}'
+    me = ServingMetrics(share_dir=tmp_path)
+    other = ServingMetrics(share_dir=tmp_path)
+    other._pid = 2**22 + 12345  # another worker (no such process: it exited)
+    for _ in range(3):
+        me.observe(route, "GET", 200, 0.0004)
+    other.observe(route, "GET", 200, 0.003)
+    other.fallback("cold_start")
+    other.set_redis_up(False)
+    other.publish()
+    text = me.render().decode()
+    assert _value(text, count) == 4  # 3 here + 1 published by the other worker
+    assert _value(text, 'shopstream_serving_fallbacks_total{reason="cold_start"}') == 1
+    # the exited worker's counts stay; its gauge does not (only live workers' redis_up)
+    assert _value(text, "shopstream_serving_redis_up") == 1.0
+    assert _value(text, "shopstream_api_workers") == 1
+    assert json.loads((tmp_path / f"{me._pid}.json").read_text())["pid"] == me._pid
+
+
+def test_a_single_worker_reports_itself_only(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from serving.metrics import ServingMetrics
+
+    alone = ServingMetrics()
+    alone.observe("/healthz", "GET", 200, 0.0001)
+    alone.publish()  # no folder: nothing written
+    assert list(tmp_path.iterdir()) == []
+    assert _value(alone.render().decode(), "shopstream_api_workers") == 1
