@@ -1,0 +1,177 @@
+"""Outages under a running stream: Redis restarted, the Kafka broker restarted.
+
+Each test runs its own server (a redis-server or a Kafka broker on free ports and its
+own run dir) so restarting it harms no other test, and the streaming query runs in
+this process on the tests' Spark session (``run_stream``, stop: never), fed in two
+chunks: the outage comes while the first chunk is being processed, the second chunk is
+produced after the server is back. The job must still be the same running query at the
+end (it resumed by itself), and the stores must be exact (raw offline store, quarantine,
+online features vs the batch recomputation: ``check_stores`` of the stream's tests).
+
+The API while Redis is down is tested in ``tests/integration/test_api_resilience.py``
+(stopped, hung, down at start: degraded or 503 within its timeout, then recovery).
+
+Default (CI): one outage per test. Full: three in a row.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipelines.connections import redis_client
+from pipelines.infra import KafkaBroker, RedisServer
+from pipelines.settings import Settings
+from tests.conftest import free_port
+from tests.integration.test_stream import (
+    check_stores,
+    create_topic,
+    expected_outcome,
+    produce,
+    stream_settings,
+    wave1,
+)
+from tests.reliability.helpers import (
+    StreamThread,
+    committed_batches,
+    size,
+    stream_totals,
+    topic_name,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.reliability, pytest.mark.integration]
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+OUTAGES = size(1, 3)
+DOWN_S = size(3.0, 6.0)
+"""How long the server stays down after the outage began (Redis: after the next batch started
+too). What rides a Redis outage out is redis-py's own retry on the executors' clients (3
+retries, exponential backoff with jitter, base 1 s, cap 10 s): an outage much longer than
+that window fails the batch, and the job then resumes from its checkpoint when restarted
+(``test_crash_restart``)."""
+CATCH_UP_BOUND_S = 600.0
+
+
+@pytest.fixture()
+def own_redis(make_settings: Callable[..., Settings], kafka_broker: Any,
+              tmp_path: Path) -> Iterator[tuple[Settings, RedisServer]]:
+    topic = topic_name("redis-out", tmp_path)
+    settings = stream_settings(
+        make_settings, tmp_path, topic, redis_url=f"redis://127.0.0.1:{free_port()}/0",
+        run_dir=str(tmp_path / "run"), stream_max_offsets_per_trigger=400,
+        stream_trigger_seconds=0.5)
+    server = RedisServer(settings)
+    server.start()
+    try:
+        create_topic(settings, topic)
+        yield settings, server
+    finally:
+        server.stop()
+
+
+@pytest.fixture()
+def own_broker(make_settings: Callable[..., Settings], redis_server: Any, redis_client: Any,
+               tmp_path: Path) -> Iterator[tuple[Settings, KafkaBroker]]:
+    topic = topic_name("kafka-out", tmp_path)
+    settings = stream_settings(
+        make_settings, tmp_path, topic, kafka_bootstrap_servers=f"127.0.0.1:{free_port()}",
+        kafka_controller_port=free_port(), run_dir=str(tmp_path / "run"),
+        stream_max_offsets_per_trigger=400, stream_trigger_seconds=0.5)
+    # the broker creates its events topic with default retention; ours keeps 2024-dated records
+    broker = KafkaBroker(settings.model_copy(update={"kafka_topic_events": "unused.events"}))
+    try:
+        broker.start()
+        create_topic(settings, topic)
+        yield settings, broker
+    finally:
+        broker.stop()
+
+
+def _chunks() -> tuple[list[Any], list[Any]]:
+    records = wave1()
+    cut = int(len(records) * 0.7)
+    return records[:cut], records[cut:]
+
+
+def _planned(checkpoint: Path) -> int:
+    offsets = checkpoint / "offsets"
+    return sum(1 for p in offsets.iterdir() if p.name.isdigit()) if offsets.exists() else 0
+
+
+def _run_with_outages(settings: Settings, spark: Any, stop: Callable[[], None],
+                      start: Callable[[], None], totals: Callable[[], dict[str, int]], *,
+                      meet_batch: bool) -> list[str]:
+    """The server goes down right after a batch commits and comes back ``DOWN_S`` later; with
+    ``meet_batch`` it stays down until the next batch has started too (Redis: so that batch
+    meets the outage; Kafka: no batch can be planned without the broker)."""
+    from pipelines.stream import query_checkpoint
+
+    first, second = _chunks()
+    produce(settings, first)
+    checkpoint = Path(query_checkpoint(settings))
+    job = StreamThread(settings, spark)
+    log: list[str] = []
+    try:
+        job.wait_started()
+        for n in range(OUTAGES):
+            done = committed_batches(checkpoint)
+            wait_for(lambda done=done: committed_batches(checkpoint) > done, timeout=CATCH_UP_BOUND_S,
+                     what="a micro-batch before the outage", alive=job.active)
+            t0 = time.monotonic()
+            planned = _planned(checkpoint)
+            stop()
+            if meet_batch:
+                wait_for(lambda planned=planned: _planned(checkpoint) > planned or not job.active(),
+                         timeout=CATCH_UP_BOUND_S, what="a micro-batch during the outage")
+            time.sleep(DOWN_S)
+            start()
+            log.append(f"outage {n + 1}: down after batch {done}, up again after "
+                       f"{time.monotonic() - t0:.1f} s; batch {_planned(checkpoint) - 1} ran meanwhile")
+            print(log[-1])
+        produce(settings, second)
+        total = len(first) + len(second)
+        wait_for(lambda: totals().get("input_rows", 0) >= total and job.active(),
+                 timeout=CATCH_UP_BOUND_S, what="caught up after the outage", alive=job.active)
+        assert job.active() and not job.failure, job.failure
+        assert job.queries[0].exception() is None
+    finally:
+        job.stop()
+    assert not job.failure, f"the stream failed: {job.failure}"
+    return log
+
+
+def _totals(settings: Settings) -> dict[str, int]:
+    client = redis_client(settings, timeout_ms=2000)
+    try:
+        return {k.removeprefix("total_"): v for k, v in stream_totals(client).items()}
+    finally:
+        client.close()
+
+
+def test_stream_rides_out_a_redis_restart(own_redis: tuple[Settings, RedisServer],
+                                          spark: Any) -> None:
+    settings, server = own_redis
+
+    log = _run_with_outages(settings, spark, server.stop, server.start, lambda: _totals(settings),
+                            meet_batch=True)
+    assert len(log) == OUTAGES
+    first, second = _chunks()
+    check_stores(spark, settings, expected_outcome(first + second))
+
+
+def test_stream_resumes_after_a_kafka_broker_restart(own_broker: tuple[Settings, KafkaBroker],
+                                                     redis_client: Any, spark: Any) -> None:
+    settings, broker = own_broker
+
+    log = _run_with_outages(settings, spark, broker.stop, broker.start, lambda: _totals(settings),
+                            meet_batch=False)
+    assert len(log) == OUTAGES
+    first, second = _chunks()
+    check_stores(spark, settings, expected_outcome(first + second))
