@@ -72,8 +72,7 @@ def api_schema(make_settings: Callable[..., Settings], redis_server: Any,
     try:
         wait_for(lambda: httpx.get(f"{base}/healthz", timeout=1.0).status_code == 200,
                  timeout=STARTUP_BOUND_S, what="serve healthy", alive=server.alive, log=log)
-        schema = schemathesis.openapi.from_url(f"{base}/openapi.json")
-        yield schema
+        yield schemathesis.openapi.from_url(f"{base}/openapi.json"), base, settings
         assert server.alive(), tail(log)
     finally:
         server.stop()
@@ -97,15 +96,57 @@ def _fuzz(operation: Any, statuses: Counter[int]) -> None:
     run()
 
 
-def test_api_answers_no_5xx(api_schema: Any) -> None:
+def test_api_answers_no_5xx(api_schema: tuple[Any, str, Settings]) -> None:
     """Every operation of the schema, generated requests (schemathesis' own strategies, run
     by hypothesis directly: its pytest plugin does not load under this pytest)."""
-    operations = [result.ok() for result in api_schema.get_all_operations()]
+    operations = [result.ok() for result in api_schema[0].get_all_operations()]
     assert len(operations) >= 6, [op.label for op in operations]
     tried: dict[str, Counter[int]] = {}
     for operation in operations:
         _fuzz(operation, tried.setdefault(operation.label, Counter()))
     print("schemathesis: " + "; ".join(f"{k} {dict(v)}" for k, v in tried.items()))
+
+
+OUTSIDE_IDS = ["*", "u1*", "{u1}", "u1\n", "u1\r\nFLUSHALL", "../u1", "u1/x", "u1?", "[a]",
+               "u1 x" * 20, "x" * 65, "\x00", "ü*", " u1"]
+"""Ids that must not reach Redis: refused with 422 (404 where ``/`` splits the path first)."""
+ENCODED_IDS = ["u1:features", "cu1:x", "item:1"]
+"""Accepted (``:`` is in real ids' alphabet: "guest-536365", "A:B") but percent-encoded
+before they enter a key, so they stay inside their namespace."""
+
+
+def test_ids_cannot_reach_outside_their_key_namespace(api_schema: tuple[Any, str, Settings]) -> None:
+    from urllib.parse import quote
+
+    from features.online_keys import item_meta_key, scope_category, user_recs_key
+
+    _, base, settings = api_schema
+    client = redis_client(settings, timeout_ms=2000)
+    keys_before = client.dbsize()
+    headers = {"X-API-Key": API_KEY}
+    with httpx.Client(base_url=base, timeout=10.0, headers=headers) as http:
+        assert httpx.get(f"{base}/v1/top-sellers").status_code == 401  # no key
+        assert httpx.get(f"{base}/v1/top-sellers", headers={"X-API-Key": API_KEY + "x"}).status_code == 401
+        answers = {}
+        for bad in OUTSIDE_IDS:
+            q = quote(bad, safe="")
+            for path in (f"/v1/users/{q}/recommendations", f"/v1/items/{q}/similar",
+                         f"/v1/top-sellers?category={q}", f"/v1/top-sellers?region={q}",
+                         f"/v1/users/u1/recommendations?region={q}"):
+                answers[path] = http.get(path).status_code
+        wrong = {p: s for p, s in answers.items()
+                 if s != 422 and not (s == 404 and "%2F" in p.split("?")[0])}
+        assert not wrong, wrong
+        for odd in ENCODED_IDS:
+            response = http.get(f"/v1/users/{quote(odd, safe='')}/recommendations")
+            assert response.status_code == 200 and response.json()["known_user"] is False
+            assert user_recs_key("1", odd).endswith(":user:" + odd.replace(":", "%3A"))
+            assert item_meta_key(odd).endswith(":item:" + odd.replace(":", "%3A"))
+            assert scope_category(odd) == "cat=" + odd.replace(":", "%3A")
+    assert client.dbsize() == keys_before  # nothing written by any of it
+    client.close()
+    print(f"ids: {len(answers)} requests with {len(OUTSIDE_IDS)} hostile ids refused; "
+          f"{len(ENCODED_IDS)} ids with ':' encoded")
 
 
 # ------------------------------------------------------------------ validator
