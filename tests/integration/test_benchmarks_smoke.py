@@ -56,6 +56,11 @@ def _row(payload: dict[str, Any], prefix: str) -> dict[str, Any]:
     return rows[0]
 
 
+def _explain(payload: dict[str, Any]) -> str:
+    """The rows and notes of a result, for an assertion message."""
+    return json.dumps({"rows": payload["rows"], "notes": payload["notes"]}, indent=1, default=str)
+
+
 def _positive(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
@@ -65,10 +70,10 @@ def test_streaming_smoke(tmp_path: Path) -> None:
     ours = _row(payload, "shopstream stream")
     assert ours["events"] > 0 and _positive(ours["events_per_s"])
     peer = _row(payload, "Feast SparkKafkaProcessor")
-    assert peer["events"] > 0 and _positive(peer["events_per_s"])
+    assert peer["events"] > 0 and _positive(peer["events_per_s"]), _explain(payload)
     raw = _row(payload, "plain Kafka consumer")
-    assert raw["events"] > 0 and _positive(raw["events_per_s"])
-    assert _positive(payload["ratios"]["throughput: shopstream / Feast processor"])
+    assert raw["events"] > 0 and _positive(raw["events_per_s"]), _explain(payload)
+    assert _positive(payload["ratios"].get("throughput: shopstream / Feast processor")), _explain(payload)
     assert _positive(payload["ratios"]["throughput: shopstream / plain Kafka consumer"])
     # the probes ran (how many were seen within their timeout depends on the machine's load)
     assert _row(payload, "freshness, microbatch")["batches"] == 2
