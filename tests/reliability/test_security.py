@@ -55,10 +55,14 @@ def _secure(make_settings: Callable[..., Settings], tmp_path: Path) -> tuple[Set
     )
     server = RedisServer(settings)
     server.start()
-    client = redis_client(settings, timeout_ms=3000)
-    assert client.acl_whoami() == "shopstream"
-    assert client.connection_pool.connection_class.__name__ == "SSLConnection"
-    client.close()
+    try:
+        client = redis_client(settings, timeout_ms=3000)
+        assert client.acl_whoami() == "shopstream"
+        assert client.connection_pool.connection_class.__name__ == "SSLConnection"
+        client.close()
+    except BaseException:
+        server.stop()
+        raise
     return settings, server
 
 
