@@ -134,6 +134,9 @@ def run_feast_spark_processor(
             "startingOffsets": "earliest",
             "maxOffsetsPerTrigger": str(settings.stream_max_offsets_per_trigger),
             "failOnDataLoss": "false",
+            # the consumer's default 60 s to find a partition's position is not enough on a
+            # saturated machine (seen at load ~25: the peer's query failed)
+            "kafka.default.api.timeout.ms": "300000",
         },
     )
     runner = threading.Thread(target=processor.ingest_stream_feature_view, daemon=True)
