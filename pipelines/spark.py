@@ -22,6 +22,8 @@ def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bo
     """Get or create the session; ``kafka`` adds Spark's Kafka connector jars."""
     from pyspark.sql import SparkSession
 
+    import sys
+
     builder = (
         SparkSession.builder.appName(app_name)
         .master(settings.spark_master)
@@ -29,6 +31,9 @@ def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bo
         .config("spark.sql.shuffle.partitions", str(settings.spark_shuffle_partitions))
         .config("spark.default.parallelism", str(settings.spark_shuffle_partitions))
         .config("spark.sql.session.timeZone", "UTC")
+        # Python workers run this interpreter (the venv with redis, feast, ...), not
+        # whatever ``python3`` is first on PATH
+        .config("spark.pyspark.python", sys.executable)
         .config("spark.sql.adaptive.enabled", "true")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
