@@ -52,10 +52,10 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 OUTAGES = size(1, 3)
 DOWN_S = size(3.0, 6.0)
 """How long the server stays down after the outage began (Redis: after the next batch started
-too). What rides a Redis outage out is redis-py's own retry on the executors' clients (3
-retries, exponential backoff with jitter, base 1 s, cap 10 s): an outage much longer than
-that window fails the batch, and the job then resumes from its checkpoint when restarted
-(``test_crash_restart``)."""
+too). What can ride a Redis outage out is only redis-py's own retry on the executors' clients
+(3 retries, full-jitter exponential backoff, base 1 s, cap 10 s): a batch that meets a longer
+outage fails the job, which a restart then resumes exactly (tested here, and the strict xfail
+below records the missing retry)."""
 CATCH_UP_BOUND_S = 600.0
 
 
@@ -107,10 +107,13 @@ def _planned(checkpoint: Path) -> int:
 
 def _run_with_outages(settings: Settings, spark: Any, stop: Callable[[], None],
                       start: Callable[[], None], totals: Callable[[], dict[str, int]], *,
-                      meet_batch: bool) -> list[str]:
+                      meet_batch: bool, down_s: float = DOWN_S,
+                      allow_failure: bool = False) -> tuple[list[str], list[BaseException]]:
     """The server goes down right after a batch commits and comes back ``DOWN_S`` later; with
     ``meet_batch`` it stays down until the next batch has started too (Redis: so that batch
-    meets the outage; Kafka: no batch can be planned without the broker)."""
+    meets the outage; Kafka: no batch can be planned without the broker). With
+    ``allow_failure`` a job that stopped on the outage is returned as failed (the caller
+    restarts it, as a supervisor would) instead of failing the test."""
     from pipelines.stream import query_checkpoint
 
     first, second = _chunks()
@@ -130,12 +133,16 @@ def _run_with_outages(settings: Settings, spark: Any, stop: Callable[[], None],
             if meet_batch:
                 wait_for(lambda planned=planned: _planned(checkpoint) > planned or not job.active(),
                          timeout=CATCH_UP_BOUND_S, what="a micro-batch during the outage")
-            time.sleep(DOWN_S)
+            time.sleep(down_s)
             start()
             log.append(f"outage {n + 1}: down after batch {done}, up again after "
                        f"{time.monotonic() - t0:.1f} s; batch {_planned(checkpoint) - 1} ran meanwhile")
             print(log[-1])
+            if allow_failure and not job.active():
+                break
         produce(settings, second)
+        if allow_failure and (not job.active() or job.failure):
+            return log, job.failure
         total = len(first) + len(second)
         wait_for(lambda: totals().get("input_rows", 0) >= total and job.active(),
                  timeout=CATCH_UP_BOUND_S, what="caught up after the outage", alive=job.active)
@@ -144,7 +151,7 @@ def _run_with_outages(settings: Settings, spark: Any, stop: Callable[[], None],
     finally:
         job.stop()
     assert not job.failure, f"the stream failed: {job.failure}"
-    return log
+    return log, []
 
 
 def _totals(settings: Settings) -> dict[str, int]:
@@ -155,23 +162,45 @@ def _totals(settings: Settings) -> dict[str, int]:
         client.close()
 
 
-def test_stream_rides_out_a_redis_restart(own_redis: tuple[Settings, RedisServer],
-                                          spark: Any) -> None:
-    settings, server = own_redis
+def test_a_redis_restart_under_the_stream_loses_nothing(own_redis: tuple[Settings, RedisServer],
+                                                       spark: Any) -> None:
+    """Redis goes down before a batch starts and comes back ``DOWN_S`` after: the batch either
+    rides it out (redis-py's retries) or fails the job with a one-line error; then the job is
+    restarted (as a supervisor would) and drains the topic. Nothing lost, nothing twice."""
+    from pipelines.stream import StreamFailed, StreamOptions, run_stream
 
-    log = _run_with_outages(settings, spark, server.stop, server.start, lambda: _totals(settings),
-                            meet_batch=True)
-    assert len(log) == OUTAGES
+    settings, server = own_redis
+    log, failure = _run_with_outages(settings, spark, server.stop, server.start,
+                                     lambda: _totals(settings), meet_batch=True,
+                                     allow_failure=True)
+    if failure:
+        assert isinstance(failure[0], StreamFailed) and "Connect" in str(failure[0]), failure
+        print(f"the job stopped on the outage ({str(failure[0])[:160]}); restarted")
+        run_stream(settings, StreamOptions(stop="available_now"), spark=spark)
+    else:
+        print("the job rode the outage out")
     first, second = _chunks()
     check_stores(spark, settings, expected_outcome(first + second))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the stream does not retry Redis writes beyond redis-py's default Retry (3 attempts, full "
+    "jitter, 0..14 s in all): a batch that meets a Redis outage longer than that fails the "
+    "query (StreamFailed: ConnectionRefusedError) and the job exits; it needs a retry with a "
+    "bound in the online writes (or the foreachBatch) to ride out a Redis restart by itself"))
+def test_the_running_stream_rides_out_a_20_s_redis_outage_by_itself(
+        own_redis: tuple[Settings, RedisServer], spark: Any) -> None:
+    settings, server = own_redis
+    _run_with_outages(settings, spark, server.stop, server.start, lambda: _totals(settings),
+                      meet_batch=True, down_s=20.0)
 
 
 def test_stream_resumes_after_a_kafka_broker_restart(own_broker: tuple[Settings, KafkaBroker],
                                                      redis_client: Any, spark: Any) -> None:
     settings, broker = own_broker
 
-    log = _run_with_outages(settings, spark, broker.stop, broker.start, lambda: _totals(settings),
-                            meet_batch=False)
+    log, _ = _run_with_outages(settings, spark, broker.stop, broker.start,
+                               lambda: _totals(settings), meet_batch=False)
     assert len(log) == OUTAGES
     first, second = _chunks()
     check_stores(spark, settings, expected_outcome(first + second))
