@@ -12,7 +12,7 @@ import redis
 
 from pipelines.settings import Settings
 
-__all__ = ["redis_client", "redis_kwargs", "kafka_producer", "kafka_admin", "kafka_consumer"]
+__all__ = ["redis_client", "redis_kwargs", "redis_pool_kwargs", "kafka_producer", "kafka_admin", "kafka_consumer"]
 
 
 def redis_kwargs(settings: Settings, *, timeout_ms: int | None = None) -> dict[str, Any]:
@@ -39,6 +39,23 @@ def redis_kwargs(settings: Settings, *, timeout_ms: int | None = None) -> dict[s
         if settings.redis_tls_key:
             kwargs["ssl_keyfile"] = str(settings.redis_tls_key)
     return kwargs
+
+
+def redis_pool_kwargs(kwargs: dict[str, Any], *, asyncio: bool = False) -> dict[str, Any]:
+    """:func:`redis_kwargs` made fit for an explicit ``ConnectionPool`` (sync or asyncio).
+
+    ``redis.Redis(ssl=True)`` picks the TLS connection class itself; a pool built
+    by hand does not know ``ssl`` and needs ``connection_class=SSLConnection``.
+    """
+    out = dict(kwargs)
+    if out.pop("ssl", False):
+        if asyncio:
+            from redis.asyncio.connection import SSLConnection as AsyncSSLConnection
+
+            out["connection_class"] = AsyncSSLConnection
+        else:
+            out["connection_class"] = redis.SSLConnection
+    return out
 
 
 def redis_client(settings: Settings, *, timeout_ms: int | None = None, **overrides: Any) -> redis.Redis:

@@ -71,7 +71,7 @@ from features.online_keys import (
     trending_key,
     user_recs_key,
 )
-from pipelines.connections import redis_kwargs
+from pipelines.connections import redis_kwargs, redis_pool_kwargs
 from pipelines.settings import Settings
 from serving.errors import ServiceUnavailable, UnknownItem
 from serving.features import Cmd, NoUserFeatures, UserFeatureReader
@@ -729,7 +729,7 @@ class _Core:
 
 
 # ------------------------------------------------------------------- the drivers
-def _serving_redis_kwargs(settings: Settings) -> dict[str, Any]:
+def _serving_redis_kwargs(settings: Settings, *, asyncio: bool = False) -> dict[str, Any]:
     """Pool options for serving: short connect timeout, no health-check PINGs, no retries.
 
     redis-py 7's default ``Retry`` retries three times with exponential backoff
@@ -739,7 +739,7 @@ def _serving_redis_kwargs(settings: Settings) -> dict[str, Any]:
     kwargs = redis_kwargs(settings)
     kwargs["socket_connect_timeout"] = settings.serving_redis_connect_timeout_ms / 1000.0
     kwargs["health_check_interval"] = 0
-    return kwargs
+    return redis_pool_kwargs(kwargs, asyncio=asyncio)
 
 
 def _advance(flow: Flow[T], replies: list[Any] | None) -> tuple[list[Cmd] | None, T | None]:
@@ -925,7 +925,7 @@ class AsyncServingClient:
             max_connections=settings.serving_redis_max_connections,
             timeout=self._deadline_s,
             retry=AsyncRetry(NoBackoff(), 0),
-            **_serving_redis_kwargs(settings),
+            **_serving_redis_kwargs(settings, asyncio=True),
         )
         self._redis = aioredis.Redis(connection_pool=pool)
 

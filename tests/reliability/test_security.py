@@ -118,11 +118,6 @@ def test_stream_and_training_over_tls_as_an_acl_user_leak_no_secret(
     assert scanned > 10
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "bug in serving/client.py _serving_redis_kwargs: it passes redis_kwargs' ssl=True into "
-    "(aio)redis.BlockingConnectionPool, whose connections reject it (TypeError: "
-    "AbstractConnection.__init__() got an unexpected keyword argument 'ssl'); a rediss:// pool "
-    "needs connection_class=SSLConnection. `shopstream serve` cannot start over TLS."))
 def test_api_over_tls_as_an_acl_user_with_its_key_leaks_no_secret(
     make_settings: Callable[..., Settings], tmp_path: Path,
 ) -> None:
