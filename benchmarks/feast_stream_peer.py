@@ -21,6 +21,11 @@ from typing import Any
 
 __all__ = ["run_feast_spark_processor"]
 
+FEAST_CHECKPOINT = Path("/tmp/checkpoint")
+"""Where ``SparkKafkaProcessor`` checkpoints its query: hard-coded by Feast (not configurable).
+A checkpoint left by an earlier run names another topic (of another broker), and the query
+then waits for partition positions that never come; each run removes it before and after."""
+
 JSON_SCHEMA = (
     "event_id STRING, event_type STRING, event_time TIMESTAMP, user_id STRING, "
     "session_id STRING, item_id STRING, category_id STRING, region STRING, "
@@ -84,12 +89,15 @@ def run_feast_spark_processor(
     Returns a dict with ``events``, ``seconds``, ``events_per_s`` and per-batch
     ``(elapsed_s, rows_per_s)`` points for a throughput-over-time plot.
     """
+    import shutil
+
     from feast import Entity, Field, FileSource, KafkaSource
     from feast.data_format import JsonFormat, ParquetFormat
     from feast.infra.contrib.spark_kafka_processor import SparkKafkaProcessor, SparkProcessorConfig
     from feast.stream_feature_view import StreamFeatureView
     from feast.types import Float64, Int64
 
+    shutil.rmtree(FEAST_CHECKPOINT, ignore_errors=True)
     store = _feature_store(settings, workdir / "feast_peer")
     _empty_batch_source(workdir / "peer_batch.parquet")
     user = Entity(name="user", join_keys=["user_id"])
@@ -166,6 +174,7 @@ def run_feast_spark_processor(
     for query in spark.streams.active:
         query.stop()
     runner.join(timeout=30)
+    shutil.rmtree(FEAST_CHECKPOINT, ignore_errors=True)
     return {
         "events": processed,
         "seconds": elapsed,
