@@ -135,6 +135,10 @@ class Settings(BaseSettings):
     while the micro-batch query keeps feeding the Parquet sinks."""
     stream_realtime_checkpoint_seconds: int = Field(default=300, ge=5)
     """Real-time Mode batch duration: how often it checkpoints (not a latency)."""
+    stream_redis_outage_seconds: float = Field(default=120.0, ge=0)
+    """How long a micro-batch keeps retrying its online writes while Redis is unreachable
+    (a restart, a failover) before the job fails; the writes are idempotent per batch,
+    so a retry after a partial write changes nothing twice. 0: fail at once."""
     stream_batch_log_retain: int = Field(default=100, ge=2)
     """Per-batch clock files kept under the checkpoint (older ones are deleted)."""
     stream_metrics_textfile: str | None = None

@@ -71,6 +71,7 @@ __all__ = [
     "run_stream",
     "ship_code",
     "StreamFailed",
+    "is_redis_outage",
 ]
 
 log = logging.getLogger(__name__)
@@ -234,6 +235,22 @@ def _inheriting(spark: SparkSession, fn: Callable[..., Any]) -> Callable[..., An
     return run
 
 
+_REDIS_OUTAGE_MARKERS = (
+    "redis.exceptions.ConnectionError", "redis.exceptions.TimeoutError",
+    "redis.exceptions.BusyLoadingError", "ConnectionRefusedError", "ConnectionResetError",
+)
+
+
+def is_redis_outage(exc: BaseException) -> bool:
+    """True when a failure (raised here or inside a Spark task) is Redis being unreachable."""
+    import redis
+
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError | ConnectionError):
+        return True
+    text = str(exc)
+    return any(marker in text for marker in _REDIS_OUTAGE_MARKERS)
+
+
 # ----------------------------------------------------------- foreachBatch
 @dataclass
 class BatchProcessor:
@@ -262,6 +279,29 @@ class BatchProcessor:
 
             self._online = OnlineFeatures(self.settings)
         return self._online
+
+    def _redis_retrying(self, batch_id: int, write: Callable[[], Any]) -> Any:
+        """``write()``, again while Redis is unreachable, for ``stream_redis_outage_seconds``.
+
+        redis-py's own retries span seconds; a Redis restart or failover takes longer.
+        The online pass is idempotent per batch (tile markers, full values), so running
+        it again after a partial write is safe; any other error fails the batch at once.
+        """
+        budget = self.settings.stream_redis_outage_seconds
+        deadline = time.monotonic() + budget
+        delay, attempt = 0.5, 0
+        while True:
+            try:
+                return write()
+            except Exception as exc:
+                if not is_redis_outage(exc) or time.monotonic() >= deadline:
+                    raise
+                attempt += 1
+                log.warning("stream: batch %d: Redis unreachable (attempt %d), retrying in %.1f s "
+                            "(gives up %.0f s after the first failure)", batch_id, attempt, delay,
+                            budget)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         from concurrent.futures import ThreadPoolExecutor
@@ -329,12 +369,13 @@ class BatchProcessor:
                             quarantine_rows(checked.where(~on_time_col)), self.settings, batch_id))
                     # b. online: tiles -> features -> Redis (the latency-sensitive path)
                     if self.online and clock is not None:
-                        snapshot_tile = self._online_writer().apply(
+                        tile_before = snapshot_tile
+                        snapshot_tile = self._redis_retrying(batch_id, lambda: self._online_writer().apply(
                             spark, events, batch_id=batch_id, as_of_us=clock,
                             prev_as_of_us=prev_clock, has_events=n_on_time > 0,
                             has_purchases=int(stats.get("purchases") or 0) > 0,
-                            snapshot_tile=snapshot_tile, snapshots=self.snapshots,
-                            batch_log=batch_log)
+                            snapshot_tile=tile_before, snapshots=self.snapshots,
+                            batch_log=batch_log))
                         online_done = time.time()
                     for sink in sinks:
                         sink.result()

@@ -52,10 +52,9 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 OUTAGES = size(1, 3)
 DOWN_S = size(3.0, 6.0)
 """How long the server stays down after the outage began (Redis: after the next batch started
-too). What can ride a Redis outage out is only redis-py's own retry on the executors' clients
-(3 retries, full-jitter exponential backoff, base 1 s, cap 10 s): a batch that meets a longer
-outage fails the job, which a restart then resumes exactly (tested here, and the strict xfail
-below records the missing retry)."""
+too). A batch that meets a Redis outage retries its (idempotent) online pass for
+``stream_redis_outage_seconds``; one that outlasts that fails the job, which a restart then
+resumes exactly (tested here); the 20 s test below rides an outage out without a restart."""
 CATCH_UP_BOUND_S = 600.0
 
 
@@ -183,11 +182,6 @@ def test_a_redis_restart_under_the_stream_loses_nothing(own_redis: tuple[Setting
     check_stores(spark, settings, expected_outcome(first + second))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the stream does not retry Redis writes beyond redis-py's default Retry (3 attempts, full "
-    "jitter, 0..14 s in all): a batch that meets a Redis outage longer than that fails the "
-    "query (StreamFailed: ConnectionRefusedError) and the job exits; it needs a retry with a "
-    "bound in the online writes (or the foreachBatch) to ride out a Redis restart by itself"))
 def test_the_running_stream_rides_out_a_20_s_redis_outage_by_itself(
         own_redis: tuple[Settings, RedisServer], spark: Any) -> None:
     settings, server = own_redis

@@ -1,0 +1,63 @@
+"""The stream's bounded retry of its online writes while Redis is unreachable."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from pipelines.settings import Settings
+from pipelines.stream import BatchProcessor, is_redis_outage
+from pipelines.stream_metrics import MetricsRecorder
+
+
+def _processor(tmp_path, outage_seconds: float) -> BatchProcessor:
+    settings = Settings(_env_file=None, data_dir=str(tmp_path),
+                        stream_redis_outage_seconds=outage_seconds)
+    return BatchProcessor(settings, str(tmp_path / "cp"), MetricsRecorder(settings))
+
+
+@pytest.mark.parametrize("error", [
+    redis.ConnectionError("Error 111 connecting to 127.0.0.1:6399. Connection refused."),
+    redis.TimeoutError("Timeout reading from socket"),
+    ConnectionRefusedError(111, "Connection refused"),
+    RuntimeError("org.apache.spark.api.python.PythonException: Traceback ...\n"
+                 "redis.exceptions.ConnectionError: Error 111 connecting to localhost:6399."),
+])
+def test_redis_unreachable_is_an_outage(error: BaseException) -> None:
+    assert is_redis_outage(error)
+
+
+@pytest.mark.parametrize("error", [
+    ValueError("bad tile"),
+    RuntimeError("org.apache.spark.SparkException: Job aborted: KeyError: 'tile_start'"),
+    redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"),
+])
+def test_other_failures_are_not(error: BaseException) -> None:
+    assert not is_redis_outage(error)
+
+
+def test_a_write_is_retried_until_redis_is_back(tmp_path) -> None:
+    calls = []
+
+    def write() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise redis.ConnectionError("Connection refused")
+        return "written"
+
+    assert _processor(tmp_path, 30)._redis_retrying(7, write) == "written"
+    assert len(calls) == 3
+
+
+def test_other_errors_and_an_exhausted_budget_fail_at_once(tmp_path) -> None:
+    def broken() -> None:
+        raise ValueError("bad tile")
+
+    with pytest.raises(ValueError):
+        _processor(tmp_path, 30)._redis_retrying(1, broken)
+
+    def down() -> None:
+        raise redis.ConnectionError("Connection refused")
+
+    with pytest.raises(redis.ConnectionError):
+        _processor(tmp_path, 0)._redis_retrying(1, down)
