@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 
 from features.events import (
     EPOCH_MILLIS_MAX,
+    EVENT_TYPES,
     FIELDS,
     ISO_TIMESTAMP_PATTERN,
     MAX_FUTURE,
@@ -27,7 +28,6 @@ from features.events import (
     QUANTITY_MAX,
     VALID_COLUMNS,
     WHITESPACE,
-    EVENT_TYPES,
     FieldSpec,
     Reason,
 )

@@ -135,6 +135,10 @@ class Settings(BaseSettings):
     while the micro-batch query keeps feeding the Parquet sinks."""
     stream_realtime_checkpoint_seconds: int = Field(default=300, ge=5)
     """Real-time Mode batch duration: how often it checkpoints (not a latency)."""
+    stream_check_key: bool = True
+    """The contract's key rule: a record's Kafka key must be present and equal its
+    ``user_id``, else it is quarantined (``missing_key`` / ``key_mismatch``). Off: the key
+    is only the partitioner's input and is not checked."""
     stream_redis_outage_seconds: float = Field(default=120.0, ge=0)
     """How long a micro-batch keeps retrying its online writes while Redis is unreachable
     (a restart, a failover) before the job fails; the writes are idempotent per batch,

@@ -20,9 +20,9 @@ __all__ = ["spark_session"]
 
 def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bool = True) -> SparkSession:
     """Get or create the session; ``kafka`` adds Spark's Kafka connector jars."""
-    from pyspark.sql import SparkSession
-
     import sys
+
+    from pyspark.sql import SparkSession
 
     builder = (
         SparkSession.builder.appName(app_name)

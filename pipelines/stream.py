@@ -159,7 +159,8 @@ def checked_records(raw: DataFrame, settings: Settings) -> DataFrame:
     """
     from pyspark.sql import functions as F
 
-    checked = with_verdict(raw.select(*RAW_COLUMNS), now=F.col("timestamp"))
+    checked = with_verdict(raw.select(*RAW_COLUMNS), now=F.col("timestamp"),
+                           check_key=settings.stream_check_key)
     coordinates = F.concat_ws("/", F.lit("k"), F.col("topic"), F.col("partition").cast("string"),
                               F.col("offset").cast("string"))
     key = F.when(F.col("reason").isNull(), F.concat(F.lit("e:"), F.col("event_id"))).otherwise(

@@ -425,7 +425,8 @@ def start_realtime(spark: SparkSession, settings: Settings) -> RealtimeQuery:
     raw = (spark.readStream.format("kafka").options(**settings.spark_kafka_options())
            .option("subscribe", settings.kafka_topic_events)
            .option("startingOffsets", settings.stream_starting_offsets).load())
-    checked = with_verdict(raw.select(*RAW_COLUMNS), now=F.col("timestamp"))
+    checked = with_verdict(raw.select(*RAW_COLUMNS), now=F.col("timestamp"),
+                           check_key=settings.stream_check_key)
     events = (checked.where(F.col("reason").isNull()).select(*VALID_COLUMNS)
               .withWatermark("event_time", f"{settings.feature_allowed_lateness_seconds} seconds")
               .dropDuplicates(["event_id", "event_time"]))

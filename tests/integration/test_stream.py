@@ -84,7 +84,9 @@ def _retimed_corpus() -> list[Sent]:
             if name in moved:
                 doc["event_time"] = moved[name]
             value = json.dumps(doc).encode()
-        out.append(Sent(b"cu", value, _ms(NOW)))
+            out.append(Sent(doc["user_id"].encode(), value, _ms(NOW)))  # key = user_id
+        else:
+            out.append(Sent(b"cu", value, _ms(NOW)))
     return out
 
 
@@ -143,7 +145,7 @@ def expected_outcome(sent: list[Sent]) -> Expected:
     late = duplicates = 0
     for s in sent:
         now = datetime.fromtimestamp(s.ts_ms / 1000, tz=UTC)
-        verdict = validate_event(s.value, now=now)
+        verdict = validate_event(s.value, now=now, key=s.key, check_key=True)
         if not isinstance(verdict, Event):
             quarantine[(verdict.reason.value, verdict.field, s.value or None)] += 1
         elif verdict.event_id in events:

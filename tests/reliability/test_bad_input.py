@@ -8,9 +8,10 @@ payload under an id already seen), all sent ``COPIES`` times each, in two waves 
 while one streaming query runs (the second wave only after the first one is processed,
 so the query has to survive the first wave's garbage).
 
-The null Kafka key: the stream does not check keys (``check_key`` is off; the key is only
-the partitioner's input), so a null-keyed *valid* event is stored, and a null-keyed
-malformed record is quarantined with its payload's reason and a null ``raw_key``.
+The null Kafka key: the contract says key = user_id (``stream_check_key``, on by default),
+so a null-keyed *valid* event is quarantined as ``missing_key``; a null-keyed malformed
+record is quarantined with its payload's reason (the payload rules come first); either way
+with a null ``raw_key``. A valid event under another user's key is ``key_mismatch``.
 
 Default (CI): 2 copies of each kind. Full: 25.
 """
@@ -69,6 +70,8 @@ def kinds(wave: int, copy: int) -> list[tuple[str, bytes | None, bytes | None]]:
     no_price.pop("price")
     return [
         ("null_key_valid", None, _json(_doc(f"nk-{tag}", user_id="u-nokey"))),
+        ("empty_key_valid", b"", _json(_doc(f"ek-{tag}", user_id="u-nokey"))),
+        ("other_users_key", b"u-other", _json(_doc(f"ok2-{tag}"))),
         ("null_key_invalid_json", None, b'{"event_id": "nk-bad", '),
         ("null_key_empty", None, b""),
         ("tombstone", b"u1", None),  # a null value (kafka-python refuses null key *and* value)
@@ -92,18 +95,21 @@ def wave(n: int) -> list[tuple[str, Sent]]:
     out: list[tuple[str, Sent]] = []
     for copy in range(COPIES):
         for i, (name, value, _verdict) in enumerate(CASES):
+            key = b"u1"
             if value is not None and _verdict is None:  # valid corpus records: own ids and times
                 doc = json.loads(value)
                 doc.update(event_id=f"corpus-{n}-{copy}-{i}", event_time="2024-06-01T11:57:00Z")
                 value = json.dumps(doc).encode()
-            out.append((f"corpus:{name}", Sent(b"u1", value, TS)))
+                key = doc["user_id"].encode()  # the contract: key = user_id
+            out.append((f"corpus:{name}", Sent(key, value, TS)))
         out += [(kind, Sent(key, value, TS)) for kind, key, value in kinds(n, copy)]
     return out
 
 
 def duplicates(first: list[tuple[str, Sent]]) -> list[tuple[str, Sent]]:
     """Replays of wave 1's valid events, and other payloads under ids it already used."""
-    valid = [s for _, s in first if isinstance(validate_event(s.value, now=NOW), Event)]
+    valid = [s for _, s in first
+             if isinstance(validate_event(s.value, now=NOW, key=s.key, check_key=True), Event)]
     out = [("dup_replayed", s) for s in valid[: 3 * COPIES]]
     for s in valid[3 * COPIES: 5 * COPIES]:
         doc = json.loads(s.value or b"")
@@ -140,7 +146,8 @@ def test_every_bad_kind_is_quarantined_by_the_running_stream(
     verdicts: dict[str, Counter[str]] = {}
     seen: set[str] = set()
     for kind, s in first + second:
-        v = validate_event(s.value, now=datetime.fromtimestamp(s.ts_ms / 1000, tz=UTC))
+        v = validate_event(s.value, now=datetime.fromtimestamp(s.ts_ms / 1000, tz=UTC),
+                           key=s.key, check_key=True)
         if isinstance(v, Event):
             label = "duplicate" if v.event_id in seen else "stored"
             seen.add(v.event_id)
@@ -150,7 +157,9 @@ def test_every_bad_kind_is_quarantined_by_the_running_stream(
     reasons = {label.split(":")[0] for c in verdicts.values() for label in c} - {"stored", "duplicate"}
     assert len(reasons) >= 14, reasons  # the kinds really differ
     SENT = 2 * COPIES  # each kind, both waves
-    assert verdicts["null_key_valid"] == Counter(stored=SENT)
+    assert verdicts["null_key_valid"] == Counter(missing_key=SENT)
+    assert verdicts["empty_key_valid"] == Counter(missing_key=SENT)
+    assert verdicts["other_users_key"] == Counter(key_mismatch=SENT)
     assert verdicts["null_key_empty"] == Counter(empty_payload=SENT)
     assert verdicts["huge_string"] == Counter({"field_too_long:item_id": SENT})
     assert verdicts["far_future"] == Counter({"future_timestamp:event_time": SENT})
@@ -214,6 +223,7 @@ def test_every_bad_kind_is_quarantined_by_the_running_stream(
     rows = spark.read.parquet(quarantine_path(settings)).where("raw_key IS NULL").collect()
     nulls = Counter(r["reason"] for r in rows)
     assert nulls == Counter({Reason.INVALID_JSON.value: 2 * COPIES,
-                             Reason.EMPTY_PAYLOAD.value: 2 * COPIES}), nulls
+                             Reason.EMPTY_PAYLOAD.value: 2 * COPIES,
+                             Reason.MISSING_KEY.value: 2 * COPIES}), nulls
     # empty and null payloads: the corpus's two cases, the null-keyed and the tombstones
     assert read_quarantine(spark, settings)[("empty_payload", None, None)] == 8 * COPIES
