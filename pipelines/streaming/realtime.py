@@ -393,8 +393,10 @@ class RealtimeQuery:
 
 def required_slots(settings: Settings) -> int:
     """Task slots Real-time Mode holds (Kafka partitions + 2 one-partition stateful stages)
-    plus what the micro-batch query beside it needs (its shuffle partitions)."""
-    return settings.kafka_topic_partitions + 2 + settings.spark_shuffle_partitions
+    plus what the micro-batch query beside it needs: its two Parquet sinks run as
+    concurrent jobs, each on its shuffle partitions (with fewer free slots the pipelined
+    stage group fails with CONCURRENT_SCHEDULER_INSUFFICIENT_SLOT, seen in a test run)."""
+    return settings.kafka_topic_partitions + 2 + 2 * settings.spark_shuffle_partitions
 
 
 def check_slots(spark: SparkSession, settings: Settings) -> None:
@@ -408,8 +410,8 @@ def check_slots(spark: SparkSession, settings: Settings) -> None:
     if slots < need:
         raise RuntimeError(
             f"Real-time Mode needs {need} concurrent task slots ({settings.kafka_topic_partitions} "
-            f"Kafka partitions + 2 stateful stages, plus {settings.spark_shuffle_partitions} for "
-            f"the micro-batch query) but {master} has {slots}; Spark would fail with "
+            f"Kafka partitions + 2 stateful stages, plus 2 x {settings.spark_shuffle_partitions} for "
+            f"the micro-batch query's two sinks) but {master} has {slots}; Spark would fail with "
             "CONCURRENT_SCHEDULER_INSUFFICIENT_SLOT. Set SHOPSTREAM_SPARK_MASTER=local["
             f"{need}] (threads; they may exceed the cores) or add executors.")
 

@@ -56,6 +56,8 @@ class Sent:
     value: bytes | None
     ts_ms: int
     late: bool = False
+    route: bytes | None = None
+    """Partition as if this were the key (default: the key itself)."""
 
 
 def _ms(ts: datetime) -> int:
@@ -84,7 +86,9 @@ def _retimed_corpus() -> list[Sent]:
             if name in moved:
                 doc["event_time"] = moved[name]
             value = json.dumps(doc).encode()
-            out.append(Sent(doc["user_id"].encode(), value, _ms(NOW)))  # key = user_id
+            # key = user_id (the contract); partitioned as the rest of the corpus, so the
+            # corpus keeps one partition as before the key rule (the Real-time test's layout)
+            out.append(Sent(doc["user_id"].encode(), value, _ms(NOW), route=b"cu"))
         else:
             out.append(Sent(b"cu", value, _ms(NOW)))
     return out
@@ -175,13 +179,18 @@ def create_topic(settings: Settings, name: str) -> None:
 
 
 def produce(settings: Settings, records: list[Sent]) -> None:
+    from kafka.partitioner.default import murmur2
+
     from pipelines.connections import kafka_producer
 
     producer = kafka_producer(settings)
     try:
+        partitions = sorted(producer.partitions_for(settings.kafka_topic_events))
         for r in records:
+            partition = (None if r.route is None
+                         else partitions[(murmur2(r.route) & 0x7FFFFFFF) % len(partitions)])
             producer.send(settings.kafka_topic_events, key=r.key, value=r.value,
-                          timestamp_ms=r.ts_ms)
+                          timestamp_ms=r.ts_ms, partition=partition)
         producer.flush()
     finally:
         producer.close()
