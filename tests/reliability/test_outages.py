@@ -130,7 +130,11 @@ def _run_with_outages(settings: Settings, spark: Any, stop: Callable[[], None],
             planned = _planned(checkpoint)
             stop()
             if meet_batch:
-                wait_for(lambda planned=planned: _planned(checkpoint) > planned or not job.active(),
+                # a batch meets the outage: one planned after the stop, or one already running
+                # (planned, not committed: it retries its online pass until Redis is back)
+                wait_for(lambda planned=planned: _planned(checkpoint) > planned
+                         or _planned(checkpoint) > committed_batches(checkpoint)
+                         or not job.active(),
                          timeout=CATCH_UP_BOUND_S, what="a micro-batch during the outage")
             time.sleep(down_s)
             start()
