@@ -64,6 +64,10 @@ __all__ = [
     "sales_tiles",
     "ITEM_METADATA_COLUMNS",
     "item_metadata",
+    "TILE_KINDS",
+    "KEYED_TILE_COLUMNS",
+    "sales_key",
+    "keyed_tiles",
 ]
 
 ACTIVITY_WEIGHTS: Mapping[str, float] = MappingProxyType(
@@ -330,4 +334,102 @@ def item_metadata(events: DataFrame) -> DataFrame:
         F.max_by("region", F.struct("event_time", "region")).alias("region"),
         F.max_by("price", priced).alias("price"),
         F.max("event_time").alias("event_time"),
+    )
+
+
+# ------------------------------------------------------------ one aggregation
+TILE_KINDS: tuple[str, ...] = ("user", "item", "sales")
+"""The ``kind`` values of :func:`keyed_tiles`, one per tile table above."""
+
+KEYED_TILE_COLUMNS: tuple[str, ...] = (
+    "kind", "key", "tile_start", "views", "carts", "purchases", "spend", "units",
+    "items_viewed", "category_weights", "last_viewed", "last_purchased",
+    "category_id", "item_id", "region", "price", "max_us", "price_us",
+)
+"""Columns of :func:`keyed_tiles`.
+
+Every time is epoch microseconds (bigint): ``max_us`` is the latest event time
+of the tile (a user tile's ``last_event_time``, an item tile's
+``category_time``), ``last_viewed`` / ``last_purchased`` entries are
+``struct<event_us, item_id>``, ``price_us`` the time of the latest priced event
+(null if none). ``spend`` is a user's spend and an item's or a sale's revenue.
+User-only columns are empty or null on other kinds. ``category_id``,
+``item_id``, ``region`` and ``price`` are those of the tile's latest event
+(price: latest priced event; ties broken by the value), which gives an item's
+metadata (:func:`item_metadata`) across tiles by the greatest ``max_us`` /
+``price_us``.
+"""
+
+
+def sales_key(item_id: Column | str = "item_id", category_id: Column | str = "category_id",
+              region: Column | str = "region") -> Column:
+    """The one-string key of a sales tile: ``item|category|region``, each part URL-encoded."""
+    parts = [F.col(c) if isinstance(c, str) else c for c in (item_id, category_id, region)]
+    return F.concat_ws("|", *[F.url_encode(p) for p in parts])
+
+
+def keyed_tiles(events: DataFrame, *, slide_seconds: int, last_items_n: int,
+                partitions: int | None = None) -> DataFrame:
+    """The tiles of :func:`user_tiles`, :func:`item_tiles` and :func:`sales_tiles` in one
+    aggregation, keyed by ``(kind, key, tile_start)`` (:data:`KEYED_TILE_COLUMNS`).
+
+    Why: the stream merges tiles key by key outside Spark, so one shuffle of the
+    events exploded into their roles (every event is a user event and an item
+    event, a purchase also a sale) costs less than three group-bys, and a
+    streaming query in update mode (Real-time Mode) may hold only one
+    aggregation. Aggregates that belong to one kind are masked to it, so the
+    buffers of the other kinds stay empty. The values are those of the three
+    functions (``tests/integration/test_stream_realtime.py`` checks it).
+
+    With ``partitions``, the exploded events are hash-partitioned by
+    ``(kind, key)`` first: the aggregation then needs no other shuffle, and its
+    output keeps every tile of a key in one partition (for per-key consumers).
+    """
+    user = F.col("kind") == F.lit("user")
+    purchase = _is("purchase")
+    roles = F.array(
+        F.struct(F.lit("user").alias("kind"), F.col("user_id").alias("key")),
+        F.struct(F.lit("item").alias("kind"), F.col("item_id").alias("key")),
+        F.when(purchase, F.struct(F.lit("sales").alias("kind"), sales_key().alias("key"))),
+    )
+    exploded = events.select(
+        "*", F.explode(F.filter(roles, lambda r: r.isNotNull())).alias("_r")
+    ).select("*", F.col("_r.kind").alias("kind"), F.col("_r.key").alias("key"))
+    if partitions is not None:
+        exploded = exploded.repartition(int(partitions), "kind", "key")
+    pair = F.struct(F.col("event_time").alias("event_time"), F.col("item_id").alias("item_id"))
+    category_entry = F.struct(
+        F.col("category_id").alias("category_id"), _activity_weight().alias("weight"))
+    agg = exploded.groupBy("kind", "key", _window(slide_seconds)).agg(
+        _count(_is("view")).alias("views"),
+        _count(_is("add_to_cart")).alias("carts"),
+        _count(purchase).alias("purchases"),
+        _amount(purchase).alias("spend"),
+        _units(purchase).alias("units"),
+        F.collect_set(F.when(user & _is("view"), F.col("item_id"))).alias("items_viewed"),
+        F.collect_list(F.when(user, category_entry)).alias("_categories"),
+        F.collect_list(F.when(user & _is("view"), pair)).alias("_viewed"),
+        F.collect_list(F.when(user & purchase, pair)).alias("_purchased"),
+        F.max_by("category_id", F.struct("event_time", "category_id")).alias("category_id"),
+        F.max_by("item_id", F.struct("event_time", "item_id")).alias("item_id"),
+        F.max_by("region", F.struct("event_time", "region")).alias("region"),
+        F.max_by("price", F.when(F.col("price").isNotNull(), F.struct("event_time", "price")))
+        .alias("price"),
+        F.max("event_time").alias("_max_time"),
+        F.max(F.when(F.col("price").isNotNull(), F.col("event_time"))).alias("_price_time"),
+    )
+
+    def micros(entries: Column) -> Column:
+        return F.transform(entries, lambda e: F.struct(
+            F.unix_micros(e["event_time"]).alias("event_us"), e["item_id"].alias("item_id")))
+
+    return agg.select(
+        "kind", "key", _tile_start_from_window(),
+        "views", "carts", "purchases", "spend", "units", "items_viewed",
+        sum_category_weights(F.col("_categories")).alias("category_weights"),
+        micros(latest_distinct_items(F.col("_viewed"), last_items_n)).alias("last_viewed"),
+        micros(latest_distinct_items(F.col("_purchased"), last_items_n)).alias("last_purchased"),
+        "category_id", "item_id", "region", "price",
+        F.unix_micros("_max_time").alias("max_us"),
+        F.unix_micros("_price_time").alias("price_us"),
     )

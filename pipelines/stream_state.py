@@ -19,8 +19,10 @@ reads the same record and so makes the same decisions.
     ss:v1:stream:dirty:{kind}:{tile_start}   SET   entities touched while the clock was in that tile
 
 Per micro-batch, one Spark job (no row goes to the driver): the batch's tiles
-are computed with :mod:`features.tiles` (the backfill's functions),
-repartitioned by key, and each executor task, for its keys, pipelined by chunks:
+of all three kinds are computed in one aggregation
+(:func:`features.tiles.keyed_tiles`, the backfill's rules), partitioned by key
+and handed to Python as Arrow batches (``mapInArrow``), and each executor
+task, for its keys, pipelined by chunks:
 
 1. reads the stored tiles of its keys (one ``HGETALL`` each) with their ``_b`` marker;
 2. merges this batch's tiles in (:mod:`pipelines.streaming.pyfeatures`: sums, set
@@ -71,8 +73,8 @@ __all__ = [
     "tiles_key",
     "dirty_key",
     "sales_index_key",
-    "delta_rows",
-    "update_partition",
+    "keyed_rows",
+    "update_batches",
     "top_partition",
     "release",
 ]
@@ -285,32 +287,54 @@ def _encode(row: Mapping[str, Any]) -> str:
     return json.dumps(row, default=default, separators=(",", ":"))
 
 
-def update_partition(rows: Iterator[Any], *, cfg: PassConfig) -> Iterator[tuple[str, str]]:
-    """One partition of (kind, key, tile_start, tile JSON) rows -> Redis; yields snapshot rows.
+_EMIT_SCHEMA = "view string, value string"
+"""Schema of what the pass yields: (feature view or ``top_items``, row JSON)."""
+
+
+def _emit_batch(rows: list[tuple[str, str]]) -> Any:
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_arrays(
+        [pa.array([r[0] for r in rows], pa.string()), pa.array([r[1] for r in rows], pa.string())],
+        names=["view", "value"])
+
+
+def update_batches(batches: Iterator[Any], *, cfg: PassConfig) -> Iterator[Any]:
+    """``mapInArrow`` body: one partition of :func:`keyed_rows` -> Redis; yields snapshot rows.
 
     Per key (users, items, sales keys ``item|category|region``), pipelined by
-    chunks: read the stored tiles and marker, merge this batch's deltas unless the
+    chunks: read the stored tiles and marker, merge this batch's tiles unless the
     marker says they are in already, write the changed tiles, drop the expired
     ones and set the marker in one ``MULTI``/``EXEC``; then finalize users and
-    items as of the clock and write them in Feast's layout. ``meta`` rows are
-    item metadata. With ``cfg.emit`` it yields ``(view, feature row JSON)``.
+    items as of the clock and write them in Feast's layout, and item metadata
+    from the item rows. Rows with a null ``tile_start`` only name a key whose
+    features are due (a snapshot). With ``cfg.emit`` it yields Arrow batches of
+    ``(view, feature row JSON)``.
     """
+    deltas: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    metadata = pyf.ItemMetadata()
+    for batch in batches:
+        for row in batch.to_pylist():
+            kind = row["kind"]
+            bucket = deltas.setdefault((kind, row["key"]), [])
+            if row["tile_start"] is None:
+                continue
+            bucket.append(pyf.TILE_OF_ROW[kind](row))
+            if kind == ITEM:
+                metadata.add(row)
+    for rows in _update(deltas, metadata.rows(), cfg):
+        if rows:
+            yield _emit_batch(rows)
+
+
+def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
+            metadata: list[dict[str, Any]], cfg: PassConfig) -> Iterator[list[tuple[str, str]]]:
+    """Merge, write and finalize per chunk of keys; yields each chunk's emitted rows."""
     import redis
 
     from features.feast_layout import ITEM_STATS, USER_ACTIVITY
     from pipelines import online_writer
 
-    deltas: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    metadata: list[dict[str, Any]] = []
-    for kind, key, _tile, value in rows:
-        if kind == "meta":
-            doc = json.loads(value)
-            doc["event_time"] = pyf.from_us(doc.pop("event_us"))
-            metadata.append(doc)
-            continue
-        bucket = deltas.setdefault((kind, key), [])
-        if value is not None:
-            bucket.append(json.loads(value))
     as_of = pyf.from_us(cfg.as_of_us)
     cutoff = cfg.cutoff
     client = redis.Redis(**cfg.redis_kwargs)
@@ -361,8 +385,8 @@ def update_partition(rows: Iterator[Any], *, cfg: PassConfig) -> Iterator[tuple[
             if items:
                 online_writer.write_entity_rows(client, ITEM_STATS, items, ttl_seconds=cfg.ttl)
             if cfg.emit:
-                yield from ((USER_ACTIVITY.name, _encode(r)) for r in users)
-                yield from ((ITEM_STATS.name, _encode(r)) for r in items)
+                yield [(USER_ACTIVITY.name, _encode(r)) for r in users] + [
+                    (ITEM_STATS.name, _encode(r)) for r in items]
         if metadata:
             online_writer.write_item_metadata(client, metadata, ttl_seconds=cfg.ttl)
     finally:
@@ -416,50 +440,26 @@ USER, ITEM, SALES = "user", "item", "sales"
 """Tile kinds (the ``kind`` part of :func:`tiles_key`)."""
 
 
-def delta_rows(events: DataFrame, *, slide_seconds: int, last_items_n: int) -> DataFrame:
-    """A batch's events -> (kind, key, tile_start, tile JSON) with :mod:`features.tiles`.
+def keyed_rows(events: DataFrame, *, slide_seconds: int, last_items_n: int,
+               partitions: int, extra_keys: DataFrame | None = None) -> DataFrame:
+    """A batch's events -> :func:`features.tiles.keyed_tiles`, hash-partitioned by (kind, key).
 
-    The tiles are exactly those of the backfill (same functions); times are
-    turned into epoch microseconds for the Python pass. ``meta`` rows carry
-    :func:`features.tiles.item_metadata`.
+    The events are partitioned by (kind, key) *before* the aggregation, so the
+    aggregation's shuffle is the only one: its output already holds every tile
+    of a key in one partition, which is what the per-key pass needs.
+    ``extra_keys`` (kind, key) rows join with null tiles (keys whose features
+    are due without new events).
     """
     from pyspark.sql import functions as F
 
-    from features.tiles import item_metadata, item_tiles, sales_tiles, user_tiles
+    from features.tiles import keyed_tiles
 
-    users = user_tiles(events, slide_seconds=slide_seconds, last_items_n=last_items_n)
-    users = users.select(
-        F.lit(USER).alias("kind"), F.col("user_id").alias("key"), "tile_start",
-        F.to_json(F.struct(
-            "tile_start", "views", "carts", "purchases", "spend", "items_viewed",
-            "category_weights", F.unix_micros("last_event_time").alias("last_event_us"),
-            F.transform("last_viewed", lambda e: F.struct(
-                F.unix_micros(e["event_time"]).alias("event_us"),
-                e["item_id"].alias("item_id"))).alias("last_viewed"),
-            F.transform("last_purchased", lambda e: F.struct(
-                F.unix_micros(e["event_time"]).alias("event_us"),
-                e["item_id"].alias("item_id"))).alias("last_purchased"),
-        )).alias("value"))
-    items = item_tiles(events, slide_seconds=slide_seconds)
-    items = items.select(
-        F.lit(ITEM).alias("kind"), F.col("item_id").alias("key"), "tile_start",
-        F.to_json(F.struct(
-            "tile_start", "category_id", F.unix_micros("category_time").alias("category_us"),
-            "views", "carts", "purchases", "units", "revenue")).alias("value"))
-    sales = sales_tiles(events, slide_seconds=slide_seconds)
-    sales = sales.select(
-        F.lit(SALES).alias("kind"),
-        F.concat_ws("|", *[F.url_encode(F.col(c)) for c in ("item_id", "category_id", "region")])
-        .alias("key"),
-        "tile_start",
-        F.to_json(F.struct("tile_start", "item_id", "category_id", "region", "purchases",
-                           "units", "revenue")).alias("value"))
-    meta = item_metadata(events).select(
-        F.lit("meta").alias("kind"), F.col("item_id").alias("key"),
-        F.lit(None).cast("bigint").alias("tile_start"),
-        F.to_json(F.struct("item_id", "category_id", "region", "price",
-                           F.unix_micros("event_time").alias("event_us"))).alias("value"))
-    return users.unionByName(items).unionByName(sales).unionByName(meta)
+    rows = keyed_tiles(events, slide_seconds=slide_seconds, last_items_n=last_items_n,
+                       partitions=partitions)
+    if extra_keys is not None:
+        rows = rows.unionByName(extra_keys.select("kind", "key"), allowMissingColumns=True)
+        rows = rows.repartition(partitions, F.col("kind"), F.col("key"))
+    return rows
 
 
 class TileStore:
@@ -510,26 +510,18 @@ class TileStore:
               extra_keys: DataFrame | None = None, emit: bool = False) -> Any:
         """Merge a batch into Redis and write the touched entities' features (one Spark job).
 
-        Returns the RDD of ``(view, feature row JSON)`` pairs when ``emit`` (persisted;
-        the caller unpersists it), else ``None``.
+        Returns the ``(view, value)`` DataFrame of feature row JSON when ``emit``
+        (checkpointed, so the pass runs once; the caller releases it), else ``None``.
         """
-        from pyspark.sql import functions as F
-
-        rows = delta_rows(events, slide_seconds=self.slide, last_items_n=self.last_items_n)
-        if extra_keys is not None:
-            rows = rows.unionByName(extra_keys.select(
-                "kind", "key", F.lit(None).cast("bigint").alias("tile_start"),
-                F.lit(None).cast("string").alias("value")))
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
-        rows = rows.repartition(partitions, "kind", "key")
-        out = rows.rdd.mapPartitions(
-            partial(update_partition, cfg=self.config(batch_id, as_of_us, emit)))
+        rows = keyed_rows(events, slide_seconds=self.slide, last_items_n=self.last_items_n,
+                          partitions=partitions, extra_keys=extra_keys)
+        out = rows.mapInArrow(partial(update_batches, cfg=self.config(batch_id, as_of_us, emit)),
+                              _EMIT_SCHEMA)
         if not emit:
-            out.foreach(lambda _: None)
+            out.write.format("noop").mode("overwrite").save()
             return None
-        out = out.persist()
-        out.count()
-        return out
+        return out.localCheckpoint(eager=True)
 
     def write_top(self, spark: SparkSession, *, batch_id: int, as_of_us: int,
                   emit: bool = False) -> Any:

@@ -3,9 +3,10 @@
 Called from the micro-batch query's ``foreachBatch`` with the batch's on-time
 events and the event-time clock ``T`` after the batch:
 
-1. one Spark job: the batch's tiles (:mod:`features.tiles`), repartitioned by
-   key, merged into the tile store in Redis idempotently per batch, and the
-   touched users' and items' features as of ``T`` written in Feast's layout
+1. one Spark job: the batch's tiles (:func:`features.tiles.keyed_tiles`, one
+   aggregation partitioned by key, handed to Python as Arrow) merged into the
+   tile store in Redis idempotently per batch, and the touched users' and
+   items' features as of ``T`` written in Feast's layout
    (:class:`pipelines.stream_state.TileStore`), with item metadata;
 2. when the batch had purchases or the window slid: one task recomputes the top
    sellers and trending lists of every scope from the sales tiles of the 24h
@@ -29,7 +30,7 @@ from features.windows import LONG_WINDOW, TOP_ITEM_COLUMNS, WINDOW_SECONDS
 from pipelines import offline_store
 from pipelines.connections import redis_kwargs
 from pipelines.settings import Settings
-from pipelines.stream_state import ITEM, JSON_OPTIONS, USER, TileStore
+from pipelines.stream_state import ITEM, JSON_OPTIONS, USER, TileStore, release
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -115,9 +116,10 @@ class OnlineFeatures:
                 self._snapshot(spark, emitted, top, batch_id, batch_log)
                 snapshot_tile = current
         finally:
-            for rdd in (emitted, top):
-                if rdd is not None:
-                    rdd.unpersist()
+            if emitted is not None:
+                release(emitted)
+            if top is not None:
+                top.unpersist()
         return snapshot_tile
 
     def _snapshot(self, spark: SparkSession, emitted: Any, top: Any, batch_id: int,
@@ -127,7 +129,7 @@ class OnlineFeatures:
 
         if batch_log is not None and batch_log.marked("snapshot", batch_id):
             return
-        rows = spark.createDataFrame(emitted, "view string, value string")
+        rows = emitted
         for spec in (USER_ACTIVITY, ITEM_STATS):
             frame = rows.where(F.col("view") == spec.name).select(
                 F.from_json("value", view_schema(spec), JSON_OPTIONS).alias("r")).select("r.*")

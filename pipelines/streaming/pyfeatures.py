@@ -40,6 +40,8 @@ __all__ = [
     "merge_item",
     "merge_sales",
     "MERGE",
+    "TILE_OF_ROW",
+    "ItemMetadata",
     "finalize_user",
     "finalize_item",
     "trending_score",
@@ -130,6 +132,65 @@ def merge_sales(a: Mapping[str, Any], b: Mapping[str, Any], **_: Any) -> dict[st
 
 MERGE = {"user": merge_user, "item": merge_item, "sales": merge_sales}
 """Merge rule per tile kind."""
+
+
+# ------------------------------------------------- rows of features.tiles.keyed_tiles
+def _user_tile(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"tile_start": row["tile_start"], "views": row["views"], "carts": row["carts"],
+            "purchases": row["purchases"], "spend": row["spend"],
+            "items_viewed": row["items_viewed"], "category_weights": row["category_weights"],
+            "last_event_us": row["max_us"], "last_viewed": row["last_viewed"],
+            "last_purchased": row["last_purchased"]}
+
+
+def _item_tile(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"tile_start": row["tile_start"], "category_id": row["category_id"],
+            "category_us": row["max_us"], "views": row["views"], "carts": row["carts"],
+            "purchases": row["purchases"], "units": row["units"], "revenue": row["spend"]}
+
+
+def _sales_tile(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {"tile_start": row["tile_start"], "item_id": row["item_id"],
+            "category_id": row["category_id"], "region": row["region"],
+            "purchases": row["purchases"], "units": row["units"], "revenue": row["spend"]}
+
+
+TILE_OF_ROW = {"user": _user_tile, "item": _item_tile, "sales": _sales_tile}
+"""A :func:`features.tiles.keyed_tiles` row (as a dict) -> the tile dict of its kind."""
+
+
+class ItemMetadata:
+    """:func:`features.tiles.item_metadata` folded over item rows of ``keyed_tiles``.
+
+    Category and region come from the row with the latest event, the price from
+    the row with the latest priced event (tiles cover disjoint times, so there
+    are no ties across rows).
+    """
+
+    def __init__(self) -> None:
+        self._latest: dict[str, Mapping[str, Any]] = {}
+        self._priced: dict[str, Mapping[str, Any]] = {}
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        key = row["key"]
+        old = self._latest.get(key)
+        if old is None or int(row["max_us"]) > int(old["max_us"]):
+            self._latest[key] = row
+        if row["price_us"] is not None:
+            old = self._priced.get(key)
+            if old is None or int(row["price_us"]) > int(old["price_us"]):
+                self._priced[key] = row
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Rows of :data:`features.tiles.ITEM_METADATA_COLUMNS`."""
+        out = []
+        for key, row in self._latest.items():
+            priced = self._priced.get(key)
+            out.append({"item_id": key, "category_id": row["category_id"],
+                        "region": row["region"],
+                        "price": priced["price"] if priced is not None else None,
+                        "event_time": from_us(int(row["max_us"]))})
+        return out
 
 
 # ---------------------------------------------------------------- finalize

@@ -13,8 +13,8 @@ events and the snapshots)::
 Why one aggregation: Real-time Mode (like every update-mode query) runs a single
 streaming aggregation per query, and a second query would read Kafka again, so
 the three tile tables are one ``groupBy(kind, key, window)`` over events
-exploded into their three roles. The tile columns mirror :mod:`features.tiles`
-(checked by ``tests/integration/test_stream_realtime.py``).
+exploded into their three roles (:func:`features.tiles.keyed_tiles`, which the
+micro-batch path uses as well).
 
 The writer runs on the executors, one row at a time, so the finalize step is
 the Python twin of :mod:`features.windows` (:mod:`pipelines.streaming.pyfeatures`,
@@ -48,19 +48,25 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from features.tiles import ACTIVITY_WEIGHTS
 from features.windows import LONG_WINDOW, WINDOW_SECONDS
 from pipelines.settings import Settings
-from pipelines.streaming.pyfeatures import finalize_item, finalize_user, from_us, tile_of, top_items
+from pipelines.streaming.pyfeatures import (
+    TILE_OF_ROW,
+    ItemMetadata,
+    finalize_item,
+    finalize_user,
+    from_us,
+    tile_of,
+    top_items,
+)
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
 __all__ = [
     "QUERY_NAME",
     "FLUSH_SECONDS",
-    "realtime_tiles",
     "RealtimeWriter",
     "RealtimeQuery",
     "start_realtime",
@@ -94,83 +100,6 @@ def rt_clock_key() -> str:
     return online_keys.key("stream", "rt", "clock")
 
 
-# ------------------------------------------------------------ aggregation
-def realtime_tiles(events: DataFrame, *, slide_seconds: int, last_items_n: int) -> DataFrame:
-    """Validated events -> full tiles of all three kinds, in one aggregation.
-
-    Columns: ``kind`` (user, item, sales), ``key`` (user_id, item_id, or
-    item|category|region), ``tile_start``, then the union of the tile columns
-    of :mod:`features.tiles` with every time as epoch microseconds (``max_us``
-    is both ``last_event_time`` and ``category_time``; ``last_viewed`` entries
-    are ``(event_us, item_id)``), and ``region`` / ``price`` of the latest event
-    (item metadata).
-    """
-    from pyspark.sql import functions as F
-
-    from features.tiles import latest_distinct_items, sum_category_weights
-
-    view = F.col("event_type") == "view"
-    cart = F.col("event_type") == "add_to_cart"
-    purchase = F.col("event_type") == "purchase"
-    weight = F.lit(None).cast("double")
-    for event_type, value in reversed(list(ACTIVITY_WEIGHTS.items())):
-        weight = F.when(F.col("event_type") == event_type, F.lit(float(value))).otherwise(weight)
-    sales_key = F.concat_ws("|", *[F.url_encode(F.col(c)) for c in
-                                   ("item_id", "category_id", "region")])
-    roles = F.array(
-        F.struct(F.lit("user").alias("kind"), F.col("user_id").alias("key")),
-        F.struct(F.lit("item").alias("kind"), F.col("item_id").alias("key")),
-        F.when(purchase, F.struct(F.lit("sales").alias("kind"), sales_key.alias("key"))),
-    )
-    exploded = events.select("*", F.explode(F.filter(roles, lambda r: r.isNotNull())).alias("_r"))
-
-    def count(cond: Any) -> Any:
-        return F.sum(F.when(cond, F.lit(1)).otherwise(F.lit(0))).cast("bigint")
-
-    amount = F.col("price") * F.col("quantity").cast("double")
-    agg = exploded.groupBy(
-        F.col("_r.kind").alias("kind"), F.col("_r.key").alias("key"),
-        F.window("event_time", f"{int(slide_seconds)} seconds").alias("_tile"),
-    ).agg(
-        count(view).alias("views"),
-        count(cart).alias("carts"),
-        count(purchase).alias("purchases"),
-        F.coalesce(F.sum(F.when(purchase, amount)), F.lit(0.0)).cast("double").alias("spend"),
-        F.coalesce(F.sum(F.when(purchase, F.col("quantity").cast("bigint"))), F.lit(0)).cast(
-            "bigint").alias("units"),
-        F.collect_set(F.when(view, F.col("item_id"))).alias("items_viewed"),
-        F.collect_list(F.struct(F.col("category_id").alias("category_id"),
-                                weight.alias("weight"))).alias("_categories"),
-        F.max("event_time").alias("last_event_time"),
-        F.collect_list(F.when(view, F.struct(F.col("event_time").alias("event_time"),
-                                             F.col("item_id").alias("item_id")))).alias("_viewed"),
-        F.collect_list(F.when(purchase, F.struct(F.col("event_time").alias("event_time"),
-                                                 F.col("item_id").alias("item_id")))).alias(
-            "_purchased"),
-        F.max_by("category_id", F.struct("event_time", "category_id")).alias("category_id"),
-        F.max_by("item_id", F.struct("event_time", "item_id")).alias("item_id"),
-        F.max_by("region", F.struct("event_time", "region")).alias("region"),
-        F.max_by("price", F.when(F.col("price").isNotNull(),
-                                 F.struct("event_time", "price"))).alias("price"),
-    )
-    # times leave Spark as epoch microseconds: no time zone on the way to Python
-    return agg.select(
-        "kind", "key", F.unix_seconds(F.col("_tile.start")).alias("tile_start"),
-        "views", "carts", "purchases", "spend", "units",
-        F.col("spend").alias("revenue"),
-        "items_viewed",
-        sum_category_weights(F.col("_categories")).alias("category_weights"),
-        F.transform(latest_distinct_items(F.col("_viewed"), last_items_n),
-                    lambda e: F.struct(F.unix_micros(e["event_time"]).alias("event_us"),
-                                       e["item_id"].alias("item_id"))).alias("last_viewed"),
-        F.transform(latest_distinct_items(F.col("_purchased"), last_items_n),
-                    lambda e: F.struct(F.unix_micros(e["event_time"]).alias("event_us"),
-                                       e["item_id"].alias("item_id"))).alias("last_purchased"),
-        "category_id", "item_id", "region", "price",
-        F.unix_micros("last_event_time").alias("max_us"),
-    )
-
-
 # ------------------------------------------------------------------ writer
 def _encode_tile(row: Mapping[str, Any]) -> str:
     return json.dumps(row, separators=(",", ":"))
@@ -188,21 +117,6 @@ def _to_python(value: Any) -> Any:
     return value
 
 
-def _user_tile(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {"tile_start": row["tile_start"], "views": row["views"], "carts": row["carts"],
-            "purchases": row["purchases"], "spend": row["spend"],
-            "items_viewed": row["items_viewed"], "category_weights": row["category_weights"],
-            "last_event_us": row["max_us"], "last_viewed": row["last_viewed"],
-            "last_purchased": row["last_purchased"]}
-
-
-def _item_tile(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {"tile_start": row["tile_start"], "category_id": row["category_id"],
-            "category_us": row["max_us"], "views": row["views"], "carts": row["carts"],
-            "purchases": row["purchases"], "units": row["units"], "revenue": row["revenue"]}
-
-
-_SALES_FIELDS = ("tile_start", "item_id", "category_id", "region", "purchases", "units", "revenue")
 _CLOCK_LUA = """
 local stored = redis.call('GET', KEYS[1])
 if (not stored) or tonumber(ARGV[1]) > tonumber(stored) then
@@ -289,27 +203,22 @@ class RealtimeWriter:
             latest[(row["kind"], row["key"], row["tile_start"])] = row
         client = self._client
         touched: dict[str, set[str]] = {"user": set(), "item": set()}
-        meta: dict[str, dict[str, Any]] = {}
+        meta = ItemMetadata()
         max_us = 0
         with client.pipeline(transaction=False) as pipe:
             for (kind, key, tile), row in latest.items():
                 max_us = max(max_us, int(row["max_us"]))
+                value = _encode_tile(TILE_OF_ROW[kind](row))
                 if kind == "sales":
-                    value = {f: row[f] for f in _SALES_FIELDS}
-                    pipe.hset(rt_tiles_key("sales", str(tile)), key, _encode_tile(value))
+                    pipe.hset(rt_tiles_key("sales", str(tile)), key, value)
                     pipe.expire(rt_tiles_key("sales", str(tile)), self.ttl)
                     self._top_dirty = True
                     continue
-                tile_value = _user_tile(row) if kind == "user" else _item_tile(row)
-                pipe.hset(rt_tiles_key(kind, key), str(tile), _encode_tile(tile_value))
+                pipe.hset(rt_tiles_key(kind, key), str(tile), value)
                 pipe.expire(rt_tiles_key(kind, key), self.ttl)
                 touched[kind].add(key)
                 if kind == "item":
-                    old = meta.get(key)
-                    if old is None or row["max_us"] >= old["_us"]:
-                        meta[key] = {"item_id": key, "category_id": row["category_id"],
-                                     "region": row["region"], "price": row["price"],
-                                     "event_time": from_us(row["max_us"]), "_us": row["max_us"]}
+                    meta.add(row)
             pipe.execute()
         clock_us = int(self._clock(keys=[rt_clock_key()], args=[max_us]))
         as_of = from_us(clock_us)
@@ -333,8 +242,9 @@ class RealtimeWriter:
                                             ttl_seconds=self.ttl)
         if item_rows:
             online_writer.write_entity_rows(client, ITEM_STATS, item_rows, ttl_seconds=self.ttl)
-        if meta:
-            online_writer.write_item_metadata(client, meta.values(), ttl_seconds=self.ttl)
+        metadata = meta.rows()
+        if metadata:
+            online_writer.write_item_metadata(client, metadata, ttl_seconds=self.ttl)
         done = time.time()
         self._latencies.extend(done - r["max_us"] / 1e6 for r in latest.values())
         if self._top_dirty and (force_top or done - self._last_top >= TOP_EVERY_SECONDS):
@@ -421,6 +331,7 @@ def start_realtime(spark: SparkSession, settings: Settings) -> RealtimeQuery:
     from pyspark.sql import functions as F
 
     from features.events import VALID_COLUMNS
+    from features.tiles import keyed_tiles
     from features.validation import with_verdict
     from pipelines.stream import RAW_COLUMNS, query_checkpoint
 
@@ -432,8 +343,8 @@ def start_realtime(spark: SparkSession, settings: Settings) -> RealtimeQuery:
     events = (checked.where(F.col("reason").isNull()).select(*VALID_COLUMNS)
               .withWatermark("event_time", f"{settings.feature_allowed_lateness_seconds} seconds")
               .dropDuplicates(["event_id", "event_time"]))
-    tiles = realtime_tiles(events, slide_seconds=settings.feature_slide_seconds,
-                           last_items_n=settings.feature_last_items_n)
+    tiles = keyed_tiles(events, slide_seconds=settings.feature_slide_seconds,
+                        last_items_n=settings.feature_last_items_n)
     # one shuffle partition per stateful stage: the query holds Kafka partitions + 2 slots
     previous = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.shuffle.partitions", "1")

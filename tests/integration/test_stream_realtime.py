@@ -41,13 +41,15 @@ AS_OF = datetime(2024, 6, 1, 11, 14, 30, tzinfo=UTC)
 
 
 def _rt_rows(spark: Any, events: Any) -> dict[str, list[dict[str, Any]]]:
-    from pipelines.streaming.realtime import _item_tile, _to_python, _user_tile, realtime_tiles
+    from features.tiles import keyed_tiles
+    from pipelines.streaming.pyfeatures import TILE_OF_ROW
+    from pipelines.streaming.realtime import _to_python
 
     out: dict[str, list[dict[str, Any]]] = {"user": [], "item": [], "sales": []}
-    for row in realtime_tiles(events, slide_seconds=60, last_items_n=4).collect():
+    for row in keyed_tiles(events, slide_seconds=60, last_items_n=4).collect():
         out[row["kind"]].append(_to_python(row))
-    out["user_tiles"] = [dict(_user_tile(r), user_id=r["key"]) for r in out["user"]]
-    out["item_tiles"] = [dict(_item_tile(r), item_id=r["key"]) for r in out["item"]]
+    out["user_tiles"] = [dict(TILE_OF_ROW["user"](r), user_id=r["key"]) for r in out["user"]]
+    out["item_tiles"] = [dict(TILE_OF_ROW["item"](r), item_id=r["key"]) for r in out["item"]]
     return out
 
 

@@ -61,12 +61,11 @@ def _unordered(rows: list[dict[str, Any]], column: str) -> list[dict[str, Any]]:
 
 def _tiles(spark: Any, events: Any) -> dict[tuple[str, str, int], dict[str, Any]]:
     """(kind, key, tile_start) -> tile dict, as the stream's Python pass receives them."""
-    import json
+    from pipelines.stream_state import keyed_rows
+    from pipelines.streaming.pyfeatures import TILE_OF_ROW
 
-    from pipelines.stream_state import delta_rows
-
-    rows = delta_rows(events, slide_seconds=60, last_items_n=3).where("kind != 'meta'")
-    return {(r["kind"], r["key"], r["tile_start"]): json.loads(r["value"]) for r in rows.collect()}
+    rows = keyed_rows(events, slide_seconds=60, last_items_n=3, partitions=2).toArrow().to_pylist()
+    return {(r["kind"], r["key"], r["tile_start"]): TILE_OF_ROW[r["kind"]](r) for r in rows}
 
 
 def _canonical(tile: dict[str, Any]) -> dict[str, Any]:
@@ -96,6 +95,33 @@ def test_merging_tiles_of_two_halves_equals_tiles_of_the_whole(spark: Any) -> No
     assert merged.keys() == whole.keys()
     for key in whole:
         assert _canonical(merged[key]) == _canonical(whole[key]), key
+
+
+def test_item_metadata_from_keyed_tiles_equals_features_tiles(spark: Any) -> None:
+    """The pass takes item metadata from the one aggregation's item rows; it must be
+    :func:`features.tiles.item_metadata`, including a price older than the latest event."""
+    from features.tiles import item_metadata
+    from pipelines.stream_state import keyed_rows
+    from pipelines.streaming.pyfeatures import ItemMetadata
+
+    rows = _events(400, 5)
+    # i0's latest event is a view (no price) in a later tile than its latest priced event
+    last = max(r[2] for r in rows) + timedelta(minutes=3)
+    rows.append(("late-view", "view", last, "u0", "s", "i0", "c9", "DE", None, 1, "web"))
+    events = spark.createDataFrame(rows, EVENT_SCHEMA)
+    fold = ItemMetadata()
+    for row in keyed_rows(events, slide_seconds=60, last_items_n=3, partitions=2).toArrow().to_pylist():
+        if row["kind"] == "item":
+            fold.add(row)
+    got = {r["item_id"]: r for r in fold.rows()}
+    want = {r["item_id"]: r.asDict() for r in item_metadata(events).collect()}
+    assert got.keys() == want.keys()
+    for item, row in want.items():
+        mine = got[item]
+        assert (mine["category_id"], mine["region"], mine["price"]) == (
+            row["category_id"], row["region"], row["price"]), item
+        assert mine["event_time"] == row["event_time"].replace(tzinfo=UTC), item
+    assert got["i0"]["region"] == "DE" and got["i0"]["price"] is not None
 
 
 def test_a_replayed_batch_changes_nothing(
