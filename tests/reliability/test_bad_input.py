@@ -1,7 +1,7 @@
 """Malformed records of every kind through the *running* stream: quarantined with the right
 reason, duplicates counted once, the job keeps going, the counts exact.
 
-The corpus is ``tests/corpus.py`` (53 cases, shared with the validators' tests) plus the
+The corpus is ``tests/corpus.py`` (56 cases, shared with the validators' tests) plus the
 kinds only a running stream can see: a null Kafka key, a very large string, far-future
 and epoch-overflow times, duplicated event ids (the same record replayed, and another
 payload under an id already seen), all sent ``COPIES`` times each, in two waves produced
