@@ -55,6 +55,8 @@ from functools import partial
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from features import online_keys
 from pipelines.streaming import pyfeatures as pyf
 
@@ -349,7 +351,7 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
             with client.pipeline(transaction=True) as tx:
                 for ((kind, key), batch_tiles), mapping in zip(chunk, stored, strict=True):
                     marker = int(mapping.pop(MARKER_FIELD.encode(), b"-1"))
-                    tiles = {int(f): json.loads(v) for f, v in mapping.items()}
+                    tiles = {int(f): orjson.loads(v) for f, v in mapping.items()}
                     if batch_tiles and marker < cfg.batch_id:
                         merge = pyf.MERGE[kind]
                         changed: dict[str, str] = {}
@@ -360,7 +362,7 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
                             old = tiles.get(start)
                             tiles[start] = (delta if old is None
                                             else merge(old, delta, last_items_n=cfg.last_items_n))
-                            changed[str(start)] = json.dumps(tiles[start], separators=(",", ":"))
+                            changed[str(start)] = orjson.dumps(tiles[start])
                         expired = [str(t) for t in tiles if t <= cutoff]
                         redis_key = tiles_key(kind, key)
                         if expired:
@@ -415,7 +417,7 @@ def top_partition(_: Iterator[Any], *, cfg: PassConfig, top_n: int) -> Iterator[
                 stored = pipe.execute()
             for key, mapping in zip(chunk, stored, strict=True):
                 mapping.pop(MARKER_FIELD.encode(), None)
-                live = [json.loads(v) for f, v in mapping.items() if int(f) > cfg.cutoff]
+                live = [orjson.loads(v) for f, v in mapping.items() if int(f) > cfg.cutoff]
                 if live:
                     sales.extend(live)
                 else:

@@ -39,7 +39,6 @@ Requirements found on Spark 4.3.0 with the 4.2.0 Kafka connector:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -47,6 +46,8 @@ import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from features.windows import LONG_WINDOW, WINDOW_SECONDS
 from pipelines.settings import Settings
@@ -102,11 +103,11 @@ def rt_clock_key() -> str:
 
 # ------------------------------------------------------------------ writer
 def _encode_tile(row: Mapping[str, Any]) -> str:
-    return json.dumps(row, separators=(",", ":"))
+    return orjson.dumps(row).decode()
 
 
 def _decode_tile(text: bytes | str) -> dict[str, Any]:
-    return json.loads(text)
+    return orjson.loads(text)
 
 
 def _to_python(value: Any) -> Any:

@@ -116,20 +116,29 @@ def _run_with_outages(settings: Settings, spark: Any, stop: Callable[[], None],
     from pipelines.stream import query_checkpoint
 
     first, second = _chunks()
-    produce(settings, first)
+    # the first chunk in two shares per outage: one before it, so there is a new batch to
+    # wait for, and one while the server is down (Redis: a batch to meet the outage) or
+    # right after (Kafka); sent all up front, it was drained before a third outage
+    parts = 2 * OUTAGES
+    shares = [first[len(first) * n // parts:len(first) * (n + 1) // parts] for n in range(parts)]
     checkpoint = Path(query_checkpoint(settings))
     job = StreamThread(settings, spark)
     log: list[str] = []
+    sent = 0
     try:
         job.wait_started()
         for n in range(OUTAGES):
             done = committed_batches(checkpoint)
+            produce(settings, shares[2 * n])
+            sent = 2 * n + 1
             wait_for(lambda done=done: committed_batches(checkpoint) > done, timeout=CATCH_UP_BOUND_S,
                      what="a micro-batch before the outage", alive=job.active)
             t0 = time.monotonic()
             planned = _planned(checkpoint)
             stop()
             if meet_batch:
+                produce(settings, shares[2 * n + 1])
+                sent += 1
                 # a batch meets the outage: one planned after the stop, or one already running
                 # (planned, not committed: it retries its online pass until Redis is back)
                 wait_for(lambda planned=planned: _planned(checkpoint) > planned
@@ -138,11 +147,16 @@ def _run_with_outages(settings: Settings, spark: Any, stop: Callable[[], None],
                          timeout=CATCH_UP_BOUND_S, what="a micro-batch during the outage")
             time.sleep(down_s)
             start()
+            if not meet_batch:
+                produce(settings, shares[2 * n + 1])
+                sent += 1
             log.append(f"outage {n + 1}: down after batch {done}, up again after "
                        f"{time.monotonic() - t0:.1f} s; batch {_planned(checkpoint) - 1} ran meanwhile")
             print(log[-1])
             if allow_failure and not job.active():
                 break
+        for share in shares[sent:]:
+            produce(settings, share)
         produce(settings, second)
         if allow_failure and (not job.active() or job.failure):
             return log, job.failure
