@@ -61,6 +61,8 @@ from prometheus_client.core import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from pipelines.infra.process import pid_alive
+
 __all__ = ["ServingMetrics", "MetricsMiddleware", "CONTENT_TYPE_LATEST", "LATENCY_BUCKETS",
            "shared_metrics_dir"]
 
@@ -75,16 +77,6 @@ LATENCY_BUCKETS = (
 def shared_metrics_dir(run_path: Path, port: int) -> Path:
     """The folder where the workers of the server on ``port`` publish their numbers."""
     return run_path / "api" / f"metrics-{port}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class ServingMetrics(Collector):
@@ -195,7 +187,7 @@ class ServingMetrics(Collector):
                 fallbacks[name] = fallbacks.get(name, 0.0) + value
             for name, value in state["redis_errors"]:
                 redis_errors[name] = redis_errors.get(name, 0.0) + value
-            if state["pid"] == self._pid or _alive(int(state["pid"])):
+            if state["pid"] == self._pid or pid_alive(int(state["pid"])):
                 redis_up.append(float(state["redis_up"]))
         histogram = HistogramMetricFamily(
             "shopstream_api_request_duration_seconds",

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["ManagedProcess", "wait_until", "StartupError"]
+__all__ = ["ManagedProcess", "wait_until", "StartupError", "pid_alive"]
 
 T = TypeVar("T")
 
@@ -72,7 +72,7 @@ class ManagedProcess:
             pid = int(self.pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
-        return pid if _alive(pid) else None
+        return pid if pid_alive(pid) else None
 
     def is_running(self) -> bool:
         return self.pid is not None
@@ -101,11 +101,11 @@ class ManagedProcess:
             return False
         _signal(pid, sig)
         deadline = time.monotonic() + timeout
-        while _alive(pid) and time.monotonic() < deadline:
+        while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if _alive(pid):
+        if pid_alive(pid):
             _signal(pid, signal.SIGKILL)
-            while _alive(pid):
+            while pid_alive(pid):
                 time.sleep(0.05)
         self.pid_file.unlink(missing_ok=True)
         return True
@@ -122,7 +122,8 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs: it exists (ours or another user's) and is not a zombie."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
