@@ -392,9 +392,10 @@ def keyed_tiles(events: DataFrame, *, slide_seconds: int, last_items_n: int,
         F.struct(F.lit("item").alias("kind"), F.col("item_id").alias("key")),
         F.when(purchase, F.struct(F.lit("sales").alias("kind"), sales_key().alias("key"))),
     )
+    used = ("event_type", "event_time", "item_id", "category_id", "region", "price", "quantity")
     exploded = events.select(
-        "*", F.explode(F.filter(roles, lambda r: r.isNotNull())).alias("_r")
-    ).select("*", F.col("_r.kind").alias("kind"), F.col("_r.key").alias("key"))
+        *used, F.explode(F.filter(roles, lambda r: r.isNotNull())).alias("_r")
+    ).select(*used, F.col("_r.kind").alias("kind"), F.col("_r.key").alias("key"))
     if partitions is not None:
         exploded = exploded.repartition(int(partitions), "kind", "key")
     pair = F.struct(F.col("event_time").alias("event_time"), F.col("item_id").alias("item_id"))
