@@ -212,13 +212,18 @@ def latest_distinct_items(entries: Column, n: int) -> Column:
         .when(left["item_id"] > right["item_id"], F.lit(1))
         .otherwise(F.lit(0)),
     )
-    ids = F.transform(ordered, lambda e: e["item_id"])
-    # keep an entry only if its item did not occur earlier in the sorted array
-    first = F.filter(
+    # one pass over the sorted array keeps an entry if its item is not in yet, up to n
+    # (a filter that looks back at the sorted array would sort it again per element)
+    empty = F.filter(entries, lambda e: F.lit(False))
+    return F.aggregate(
         ordered,
-        lambda e, i: ~F.array_contains(F.slice(ids, F.lit(1), i), e["item_id"]),
+        empty,
+        lambda kept, e: F.when(
+            (F.size(kept) >= F.lit(int(n)))
+            | F.array_contains(F.transform(kept, lambda k: k["item_id"]), e["item_id"]),
+            kept,
+        ).otherwise(F.concat(kept, F.array(e))),
     )
-    return F.slice(first, 1, int(n))
 
 
 def user_tiles(
