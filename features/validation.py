@@ -140,7 +140,7 @@ def with_verdict(raw: DataFrame, now: Column | datetime | None = None, check_key
     now_col = F.current_timestamp() if now is None else (now if isinstance(now, Column) else F.lit(now))
     value = F.col("value").cast("binary")
     columns = list(raw.columns)
-    internal: list[str] = ["_utf8", "_doc", "_obj", "_trailing"]
+    internal: list[str] = ["_utf8", "_doc", "_obj", "_closed"]
 
     # 1. parse once; an object is a valid JSON text whose first non-blank byte is "{"
     # and whose last is "}"
@@ -151,8 +151,7 @@ def with_verdict(raw: DataFrame, now: Column | datetime | None = None, check_key
         F.substring(F.ltrim(value.cast("string"), F.lit(_JSON_WHITESPACE)), 1, 1).alias("_first"),
         F.substring(F.rtrim(value.cast("string"), F.lit(_JSON_WHITESPACE)), -1, 1).alias("_last"),
     ).select("*", (F.col("_first") == F.lit("{")).alias("_obj"),
-             ((F.col("_first") == F.lit("{")) & (F.col("_last") != F.lit("}"))).alias("_trailing"),
-             ).drop("_first", "_last")
+             (F.col("_last") == F.lit("}")).alias("_closed")).drop("_first", "_last")
 
     # 2. each field once: its sub-variant (NULL when absent), then type, text, number
     doc = F.col("_doc")
@@ -183,7 +182,7 @@ def with_verdict(raw: DataFrame, now: Column | datetime | None = None, check_key
         (~F.col("_utf8"), Reason.INVALID_ENCODING, None),
         # Spark's parser stops after the first complete value ({"a": 1} x parses);
         # Python's rejects what follows, so an object text must end with its brace
-        (doc.isNull() | F.col("_trailing"), Reason.INVALID_JSON, None),
+        (doc.isNull() | (F.col("_obj") & ~F.col("_closed")), Reason.INVALID_JSON, None),
         (~F.col("_obj"), Reason.NOT_AN_OBJECT, None),
     ]
     for spec in FIELDS:

@@ -129,9 +129,8 @@ class OnlineFeatures:
 
         if batch_log is not None and batch_log.marked("snapshot", batch_id):
             return
-        rows = emitted
         for spec in (USER_ACTIVITY, ITEM_STATS):
-            frame = rows.where(F.col("view") == spec.name).select(
+            frame = emitted.where(F.col("view") == spec.name).select(
                 F.from_json("value", view_schema(spec), JSON_OPTIONS).alias("r")).select("r.*")
             offline_store.write_snapshots(frame.withColumn("created", F.current_timestamp()),
                                           self.settings, spec.name)
