@@ -289,13 +289,16 @@ class BatchProcessor:
         it again after a partial write is safe; any other error fails the batch at once.
         """
         budget = self.settings.stream_redis_outage_seconds
-        deadline = time.monotonic() + budget
+        deadline: float | None = None  # counted from the first failure, not the first try
         delay, attempt = 0.5, 0
         while True:
             try:
                 return write()
             except Exception as exc:
-                if not is_redis_outage(exc) or time.monotonic() >= deadline:
+                if not is_redis_outage(exc):
+                    raise
+                deadline = deadline if deadline is not None else time.monotonic() + budget
+                if time.monotonic() >= deadline:
                     raise
                 attempt += 1
                 log.warning("stream: batch %d: Redis unreachable (attempt %d), retrying in %.1f s "
