@@ -175,7 +175,7 @@ class RealtimeWriter:
         self._thread.join()
         try:
             if error is None and self._error is None:
-                self.flush(force_top=self._top_dirty)
+                self.flush(final=True)
                 self._report()
         finally:
             self._client.close()
@@ -191,13 +191,17 @@ class RealtimeWriter:
                 self._error = exc
                 return
 
-    def flush(self, force_top: bool = False) -> None:
+    def flush(self, final: bool = False) -> None:
+        """Write the buffered tiles and the touched entities' features; the top lists too
+        when due. ``final`` (the task's last flush) writes them whenever this or an earlier
+        flush changed a sales tile: the rows that arrive while the task closes must reach
+        the lists, not wait for a next flush that never comes."""
         from features.feast_layout import ITEM_STATS, USER_ACTIVITY
         from pipelines import online_writer
 
         with self._lock:
             rows, self._buffer = self._buffer, []
-        if not rows and not (force_top or self._top_dirty):
+        if not rows and not self._top_dirty:
             return
         latest: dict[tuple[str, str, int], dict[str, Any]] = {}
         for row in rows:  # update mode: a later row of a tile replaces an earlier one
@@ -248,7 +252,7 @@ class RealtimeWriter:
             online_writer.write_item_metadata(client, metadata, ttl_seconds=self.ttl)
         done = time.time()
         self._latencies.extend(done - r["max_us"] / 1e6 for r in latest.values())
-        if self._top_dirty and (force_top or done - self._last_top >= TOP_EVERY_SECONDS):
+        if self._top_dirty and (final or done - self._last_top >= TOP_EVERY_SECONDS):
             self._write_top(as_of)
 
     def _write_top(self, as_of: datetime) -> None:
