@@ -11,6 +11,7 @@ reprs, logs and ``shopstream status``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -270,6 +271,28 @@ class Settings(BaseSettings):
         return self
 
     # --- derived values ------------------------------------------------
+    def child_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment for a child process (the ``shopstream`` CLI, a second Spark
+        driver) that must run with these settings: ``base`` (default: this process's
+        environment) without any ``SHOPSTREAM_*`` variable, plus every setting given
+        explicitly, secrets included, since the child connects like the parent. Never log it.
+        """
+        import json
+        import os
+
+        env = {k: v for k, v in (os.environ if base is None else base).items()
+               if not k.startswith(ENV_PREFIX)}
+        for name in sorted(self.model_fields_set):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            elif isinstance(value, dict | list):
+                value = json.dumps(value)
+            env[ENV_PREFIX + name.upper()] = str(value)
+        return env
+
     @property
     def is_local_data_dir(self) -> bool:
         return "://" not in self.data_dir or self.data_dir.startswith("file://")

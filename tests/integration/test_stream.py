@@ -305,17 +305,8 @@ def test_stream_writes_each_store_exactly(
 
 
 def _env(settings: Settings) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SHOPSTREAM_")}
-    fields = ("data_dir", "run_dir", "kafka_bootstrap_servers", "kafka_topic_events",
-              "kafka_topic_partitions", "redis_url", "spark_shuffle_partitions", "spark_log_level",
-              "spark_driver_memory", "feature_allowed_lateness_seconds",
-              "stream_max_offsets_per_trigger", "stream_trigger_seconds")
-    for name in fields:
-        value = getattr(settings, name)
-        if value is not None:
-            env["SHOPSTREAM_" + name.upper()] = str(value)
-    env["PYSPARK_PYTHON"] = sys.executable
-    return env
+    """The child ``shopstream stream``'s environment: the test's settings, this interpreter."""
+    return {**settings.child_env(), "PYSPARK_PYTHON": sys.executable}
 
 
 class StreamProcess:

@@ -22,8 +22,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import SecretStr
-
 from pipelines.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,19 +38,7 @@ def size(default: T, full: T) -> T:
 def cli_env(settings: Settings, **extra: str) -> dict[str, str]:
     """This process's environment without any ``SHOPSTREAM_*``, plus every setting the
     test set explicitly (secrets included: the child must connect like the parent)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SHOPSTREAM_", "PROMETHEUS_MULTIPROC"))}
-    for name in sorted(settings.model_fields_set):
-        value = getattr(settings, name)
-        if value is None:
-            continue
-        if isinstance(value, SecretStr):
-            value = value.get_secret_value()
-        elif isinstance(value, dict | list):
-            import json
-
-            value = json.dumps(value)
-        env["SHOPSTREAM_" + name.upper()] = str(value)
+    env = {k: v for k, v in settings.child_env().items() if not k.startswith("PROMETHEUS_MULTIPROC")}
     env["PYSPARK_PYTHON"] = sys.executable
     env.update(extra)
     return env
