@@ -53,6 +53,7 @@ __all__ = [
     "BackfillResult",
     "read_replay_file",
     "as_of_series",
+    "default_range",
     "run_backfill",
 ]
 
@@ -151,6 +152,17 @@ def _ceil(ts: datetime, step: int) -> datetime:
     return floored if floored == ts else floored + timedelta(seconds=step)
 
 
+def default_range(first: datetime, last: datetime, step_seconds: int,
+                  now: datetime) -> tuple[datetime, datetime]:
+    """The as-of range when none is given: the events' span rounded out to the step, but
+    never past ``now`` (or the last event, if that is later: the contract allows a little
+    future). A later last as-of would be a future feature timestamp, and the online
+    store keeps the newest timestamp, so the stream's writes would be skipped until the
+    wall clock caught up with it."""
+    until = _ceil(last, step_seconds)
+    return _floor(first, step_seconds), min(until, max(last, now))
+
+
 def as_of_series(since: datetime, until: datetime, step_seconds: int) -> tuple[datetime, int]:
     """``(start, count)`` of ``T_j = since + j * step <= until``."""
     if until < since:
@@ -245,7 +257,7 @@ def run_backfill(
         Paths, Redis, the slide, top N, last-items N, and the default step.
     since, until
         The as-of range (UTC; naive means UTC). Default: the events' first and last
-        times, rounded out to the step.
+        times, rounded out to the step, never past now (:func:`default_range`).
     step_seconds
         Snapshot cadence (default ``settings.backfill_step_seconds``).
     source, source_format, preset, mapping
@@ -282,8 +294,9 @@ def run_backfill(
         bounds = events.agg(F.min("event_time"), F.max("event_time")).first()
         if bounds is None or bounds[0] is None:
             raise ValueError("no events to backfill (empty source or range)")
-        since = since or _floor(bounds[0].replace(tzinfo=UTC), step)
-        until = until or _ceil(bounds[1].replace(tzinfo=UTC), step)
+        first, last = default_range(bounds[0].replace(tzinfo=UTC), bounds[1].replace(tzinfo=UTC),
+                                    step, started_at)
+        since, until = since or first, until or last
     start, count = as_of_series(since, until, step)
     last_as_of = start + timedelta(seconds=step * (count - 1))
     manifest.inputs["time_range"] = {
