@@ -76,6 +76,8 @@ class Settings(BaseSettings):
     kafka_bootstrap_servers: str = "127.0.0.1:9092"
     kafka_topic_events: str = "clickstream.events.v1"
     kafka_topic_partitions: int = Field(default=4, ge=1, le=1024)
+    kafka_topic_rt_tiles: str = "shopstream.rt-tiles.v1"
+    """Real-time Mode's full tiles, from the Spark query to the Redis feed (created on start)."""
     kafka_security_protocol: str = "PLAINTEXT"
     """PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (managed Kafka: SASL_SSL)."""
     kafka_sasl_mechanism: str | None = None

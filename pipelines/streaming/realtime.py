@@ -7,8 +7,9 @@ events and the snapshots)::
       -> watermark(event_time, allowed lateness) -> dropDuplicates(event_id, event_time)
       -> one aggregation: per (kind, key, tile) the full tile of users, items and sales
          (update mode: every change is emitted at once, through a pipelined shuffle)
-      -> foreach writer: full tiles to Redis (idempotent overwrite), the clock T,
-         features of the touched entities as of T (Feast's layout), top lists
+      -> Kafka sink: full tiles as JSON on ``kafka_topic_rt_tiles``, keyed by (kind, key)
+    TileFeed (a thread of the driver): tiles -> Redis (idempotent overwrite), the clock T,
+      features of the touched entities as of T (Feast's layout), top lists
 
 Why one aggregation: Real-time Mode (like every update-mode query) runs a single
 streaming aggregation per query, and a second query would read Kafka again, so
@@ -16,11 +17,19 @@ the three tile tables are one ``groupBy(kind, key, window)`` over events
 exploded into their three roles (:func:`features.tiles.keyed_tiles`, which the
 micro-batch path uses as well).
 
-The writer runs on the executors, one row at a time, so the finalize step is
-the Python twin of :mod:`features.windows` (:mod:`pipelines.streaming.pyfeatures`,
-shared with the micro-batch path; agreement tests).
-Rows are buffered and flushed every ``FLUSH_SECONDS`` by a thread in the writer
-(pipelined writes, no round trip per row).
+Why a Kafka hop instead of a Python ``foreach`` writer: PySpark's ``foreach``
+hands rows to Python through ``SerDeUtil.AutoBatchedPickler``, which doubles its
+batch until a pickled batch reaches 1 MB and waits for the batch to fill; in a
+Real-time query that held tiles back for tens of seconds (a probe purchase took
+~41 s to reach Redis at 100 events/s, ~10 s at 1,000/s). Kafka is a JVM sink that
+Real-time Mode supports, so tiles leave Spark as they are computed; the feed
+polls them within milliseconds. Tiles are full values keyed by (kind, key), so
+per-key order is kept and a replay (after a restart of either side) rewrites
+the same values: at-least-once is exact.
+
+The finalize step is the Python twin of :mod:`features.windows`
+(:mod:`pipelines.streaming.pyfeatures`, shared with the micro-batch path;
+agreement tests).
 
 Requirements found on Spark 4.3.0 with the 4.2.0 Kafka connector:
 
@@ -28,13 +37,13 @@ Requirements found on Spark 4.3.0 with the 4.2.0 Kafka connector:
   partitions + shuffle partitions per stateful stage; at ``local[2]`` with a
   2-partition topic it fails with ``CONCURRENT_SCHEDULER_INSUFFICIENT_SLOT``
   ("needs 4 concurrent task slots ... only 2 are currently free"), so this mode
-  runs the query with 1 shuffle partition and needs ``local[N]``, N >= 6 (4
-  for it, 2 for the micro-batch query);
+  runs the query with 1 shuffle partition and needs ``local[N]`` (see
+  :func:`required_slots`);
 * ``dropDuplicatesWithinWatermark`` is rejected
   (``STREAMING_REAL_TIME_MODE.OPERATOR_OR_SINK_NOT_IN_ALLOWLIST``:
   ``StreamingDeduplicateWithinWatermarkExec``), hence ``dropDuplicates`` with the
   event time in the key and an event-time watermark;
-* ``foreachBatch`` is not a Real-time sink; ``foreach`` is.
+* ``foreachBatch`` is not a Real-time sink; ``foreach`` and Kafka are.
 """
 
 from __future__ import annotations
@@ -67,8 +76,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "QUERY_NAME",
-    "FLUSH_SECONDS",
+    "POLL_MS",
     "RealtimeWriter",
+    "TileFeed",
+    "ensure_topic",
     "RealtimeQuery",
     "start_realtime",
     "rt_tiles_key",
@@ -80,10 +91,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 QUERY_NAME = "shopstream-online-rtm"
-FLUSH_SECONDS = 0.01
-"""The writer's flush cadence: buffered tiles go to Redis at most this long after arriving."""
+POLL_MS = 20
+"""The feed's Kafka poll timeout: tiles reach Redis at most about this long after arriving."""
 TOP_EVERY_SECONDS = 0.25
-"""Top lists are recomputed at most this often per writer task (they read every sales tile)."""
+"""Top lists are recomputed at most this often (they read every sales tile of the window)."""
+REPORT_SECONDS = 5.0
+"""How often the feed writes its freshness figures to the progress hash."""
 
 
 # -------------------------------------------------------------------- keys
@@ -130,11 +143,11 @@ return stored
 
 
 class RealtimeWriter:
-    """``foreach`` writer: buffers tile rows, flushes them to Redis from a thread every few ms.
+    """Full tile rows -> Redis: tiles, the clock, the touched entities' features, top lists.
 
-    Picklable (plain settings values); the client and the thread are created in
-    :meth:`open`, on the executor. A replayed row overwrites a tile with the same
-    full value, so at-least-once delivery is harmless.
+    Driven by :class:`TileFeed` (one thread): :meth:`add` buffers rows, :meth:`flush`
+    writes them. A replayed row overwrites a tile with the same full value, so
+    at-least-once delivery is harmless.
     """
 
     def __init__(self, settings: Settings) -> None:
@@ -146,62 +159,36 @@ class RealtimeWriter:
         self.last_items_n = settings.feature_last_items_n
         self.top_n = settings.feature_top_n
         self.ttl = settings.online_ttl_seconds
+        self._client: Any = None
 
-    # -- ForeachWriter protocol
-    def open(self, partition_id: int, epoch_id: int) -> bool:
+    def connect(self) -> None:
         import redis
 
         self._client = redis.Redis(**self.redis_kwargs)
         self._clock = self._client.register_script(_CLOCK_LUA)
-        self._lock = threading.Lock()
         self._buffer: list[dict[str, Any]] = []
-        self._stop = threading.Event()
         self._last_top = 0.0
-        self._top_dirty = False
+        self.top_dirty = False
         self._latencies: list[float] = []
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return True
 
-    def process(self, row: Any) -> None:
-        if self._error is not None:
-            raise self._error
-        with self._lock:
-            self._buffer.append(_to_python(row))
-
-    def close(self, error: BaseException | None) -> None:
-        self._stop.set()
-        self._thread.join()
-        try:
-            if error is None and self._error is None:
-                self.flush(final=True)
-                self._report()
-        finally:
+    def disconnect(self) -> None:
+        if self._client is not None:
             self._client.close()
-        if self._error is not None and error is None:
-            raise self._error
+            self._client = None
 
-    # -- the flusher
-    def _run(self) -> None:
-        while not self._stop.wait(FLUSH_SECONDS):
-            try:
-                self.flush()
-            except BaseException as exc:  # noqa: BLE001 - surfaced by process()/close()
-                self._error = exc
-                return
+    def add(self, row: Mapping[str, Any]) -> None:
+        self._buffer.append(_to_python(row))
 
     def flush(self, final: bool = False) -> None:
         """Write the buffered tiles and the touched entities' features; the top lists too
-        when due. ``final`` (the task's last flush) writes them whenever this or an earlier
-        flush changed a sales tile: the rows that arrive while the task closes must reach
-        the lists, not wait for a next flush that never comes."""
+        when due. ``final`` (nothing more is waiting) writes them whenever this or an
+        earlier flush changed a sales tile: rows after a throttled top write must reach
+        the lists, not wait for a next flush that may never come."""
         from features.feast_layout import ITEM_STATS, USER_ACTIVITY
         from pipelines import online_writer
 
-        with self._lock:
-            rows, self._buffer = self._buffer, []
-        if not rows and not self._top_dirty:
+        rows, self._buffer = self._buffer, []
+        if not rows and not self.top_dirty:
             return
         latest: dict[tuple[str, str, int], dict[str, Any]] = {}
         for row in rows:  # update mode: a later row of a tile replaces an earlier one
@@ -217,7 +204,7 @@ class RealtimeWriter:
                 if kind == "sales":
                     pipe.hset(rt_tiles_key("sales", str(tile)), key, value)
                     pipe.expire(rt_tiles_key("sales", str(tile)), self.ttl)
-                    self._top_dirty = True
+                    self.top_dirty = True
                     continue
                 pipe.hset(rt_tiles_key(kind, key), str(tile), value)
                 pipe.expire(rt_tiles_key(kind, key), self.ttl)
@@ -252,7 +239,7 @@ class RealtimeWriter:
             online_writer.write_item_metadata(client, metadata, ttl_seconds=self.ttl)
         done = time.time()
         self._latencies.extend(done - r["max_us"] / 1e6 for r in latest.values())
-        if self._top_dirty and (final or done - self._last_top >= TOP_EVERY_SECONDS):
+        if self.top_dirty and (final or done - self._last_top >= TOP_EVERY_SECONDS):
             self._write_top(as_of)
 
     def _write_top(self, as_of: datetime) -> None:
@@ -269,15 +256,16 @@ class RealtimeWriter:
         if rows:
             online_writer.write_top_items(self._client, rows, top_n=self.top_n, prune=True)
         self._last_top = time.time()
-        self._top_dirty = False
+        self.top_dirty = False
 
-    def _report(self) -> None:
-        """Freshness of this task's RTM batch into the progress hash (``rt_`` fields)."""
+    def report(self) -> None:
+        """Freshness of the tiles written since the last report into the progress hash
+        (``rt_`` fields: event time of a tile's newest event -> written)."""
         if not self._latencies:
             return
         from features.online_keys import stream_progress_key
 
-        values = sorted(self._latencies)
+        values, self._latencies = sorted(self._latencies), []
 
         def pct(p: float) -> float:
             return values[min(len(values) - 1, int(p * len(values)))]
@@ -288,22 +276,160 @@ class RealtimeWriter:
             "rt_updated": datetime.now(UTC).isoformat()})
 
 
+class TileFeed:
+    """Applies the Real-time query's tiles from Kafka to Redis: a thread of the driver.
+
+    Offsets are committed (consumer group ``<query>-feed``) only after the rows they
+    cover are in Redis; a restart, or a Redis outage (the feed seeks back to its last
+    commit and retries for ``stream_redis_outage_seconds``), replays full tiles,
+    which rewrite the same values.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.topic = settings.kafka_topic_rt_tiles
+        self.writer = RealtimeWriter(settings)
+        self._stop = threading.Event()
+        self._idle = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="rt-tile-feed", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def caught_up(self) -> bool:
+        """Every tile the query has sent so far is in Redis."""
+        self.check()
+        return self._idle.is_set()
+
+    def check(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"real-time tile feed failed: {self._error}") from self._error
+
+    def stop(self, timeout_s: float = 120.0) -> None:
+        """Write what the topic holds, then stop."""
+        self._stop.set()
+        self._thread.join(timeout_s)
+        self.check()
+
+    def _run(self) -> None:
+        from kafka import TopicPartition
+
+        from pipelines.connections import kafka_consumer
+        from pipelines.stream import is_redis_outage
+
+        consumer = kafka_consumer(self.settings, group_id=f"{QUERY_NAME}-feed")
+        outage_since: float | None = None
+        try:
+            parts = _partitions(consumer, self.topic)
+            tps = [TopicPartition(self.topic, p) for p in parts]
+            consumer.assign(tps)
+            self._rewind(consumer, tps)
+            self.writer.connect()
+            last_report = time.monotonic()
+            while True:
+                try:
+                    polled = consumer.poll(timeout_ms=POLL_MS, max_records=10_000)
+                    rows = [orjson.loads(r.value) for records in polled.values() for r in records]
+                    if rows:
+                        self._idle.clear()
+                        for row in rows:
+                            self.writer.add(row)
+                        self.writer.flush()
+                        consumer.commit()
+                    else:
+                        if self.writer.top_dirty:
+                            self.writer.flush(final=True)
+                        ends = consumer.end_offsets(tps)
+                        if all(consumer.position(tp) >= ends[tp] for tp in tps):
+                            self._idle.set()
+                            if self._stop.is_set():
+                                break
+                    if time.monotonic() - last_report >= REPORT_SECONDS:
+                        self.writer.report()
+                        last_report = time.monotonic()
+                    outage_since = None
+                except Exception as exc:
+                    if not is_redis_outage(exc):
+                        raise
+                    outage_since = outage_since or time.monotonic()
+                    if time.monotonic() - outage_since > self.settings.stream_redis_outage_seconds:
+                        raise
+                    log.warning("real-time tile feed: Redis unreachable, replaying from the last "
+                                "commit in 1 s")
+                    time.sleep(1.0)
+                    self.writer.disconnect()
+                    self.writer.connect()
+                    self._rewind(consumer, tps)
+            self.writer.report()
+        except BaseException as exc:  # noqa: BLE001 - surfaced by check()
+            log.error("real-time tile feed failed: %s", exc)
+            self._error = exc
+        finally:
+            consumer.close()
+            self.writer.disconnect()
+
+    @staticmethod
+    def _rewind(consumer: Any, tps: list[Any]) -> None:
+        for tp in tps:
+            committed = consumer.committed(tp)
+            if committed is None:
+                consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, committed)
+
+
+def _partitions(consumer: Any, topic: str, timeout_s: float = 60.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        parts = consumer.partitions_for_topic(topic)
+        if parts:
+            return sorted(parts)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"topic {topic} has no partitions (does it exist?)")
+        time.sleep(0.2)
+
+
+def ensure_topic(settings: Settings) -> None:
+    """Create the tiles topic if it is missing (a managed Kafka may want it made beforehand)."""
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    from pipelines.connections import kafka_admin
+
+    admin = kafka_admin(settings)
+    try:
+        if settings.kafka_topic_rt_tiles not in set(admin.list_topics()):
+            try:
+                admin.create_topics([NewTopic(settings.kafka_topic_rt_tiles,
+                                              settings.kafka_topic_partitions, 1)])
+            except TopicAlreadyExistsError:
+                pass
+    finally:
+        admin.close()
+
+
 # ------------------------------------------------------------------- query
 class RealtimeQuery:
-    """The running Real-time query, with the hooks :func:`pipelines.stream.run_stream` uses."""
+    """The running Real-time query and its feed, with the hooks :func:`pipelines.stream.run_stream` uses."""
 
-    def __init__(self, query: StreamingQuery) -> None:
+    def __init__(self, query: StreamingQuery, feed: TileFeed) -> None:
         self.query = query
+        self.feed = feed
 
     def caught_up(self) -> bool:
         if self.query.exception() is not None:
             raise self.query.exception()  # type: ignore[misc]
         progress = self.query.lastProgress
-        return progress is not None and not progress.get("numInputRows", 0)
+        return (progress is not None and not progress.get("numInputRows", 0)
+                and self.feed.caught_up())
 
     def stop(self) -> None:
-        if self.query.isActive:
-            self.query.stop()
+        try:
+            if self.query.isActive:
+                self.query.stop()
+        finally:
+            self.feed.stop()
 
 
 def required_slots(settings: Settings) -> int:
@@ -350,20 +476,33 @@ def start_realtime(spark: SparkSession, settings: Settings) -> RealtimeQuery:
               .dropDuplicates(["event_id", "event_time"]))
     tiles = keyed_tiles(events, slide_seconds=settings.feature_slide_seconds,
                         last_items_n=settings.feature_last_items_n)
+    out = tiles.select(
+        F.concat_ws("|", "kind", "key").alias("key"),
+        F.to_json(F.struct(*[F.col(c) for c in tiles.columns]),
+                  {"ignoreNullFields": "false"}).alias("value"))
+    ensure_topic(settings)
+    feed = TileFeed(settings)
+    feed.start()
     # one shuffle partition per stateful stage: the query holds Kafka partitions + 2 slots
     previous = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.shuffle.partitions", "1")
     try:
         query = (
-            tiles.writeStream.queryName(QUERY_NAME)
+            out.writeStream.queryName(QUERY_NAME)
             .outputMode("update")
+            .format("kafka")
+            .options(**settings.spark_kafka_options())
+            .option("kafka.linger.ms", "0")
+            .option("topic", settings.kafka_topic_rt_tiles)
             .option("checkpointLocation", query_checkpoint(settings, QUERY_NAME))
-            .foreach(RealtimeWriter(settings))
             .trigger(realTime=f"{settings.stream_realtime_checkpoint_seconds} seconds")
             .start()
         )
+    except BaseException:
+        feed.stop()
+        raise
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", previous)
-    log.info("real-time online query %s started (checkpoint every %ss)", QUERY_NAME,
-             settings.stream_realtime_checkpoint_seconds)
-    return RealtimeQuery(query)
+    log.info("real-time online query %s started (checkpoint every %ss), tiles via %s",
+             QUERY_NAME, settings.stream_realtime_checkpoint_seconds, settings.kafka_topic_rt_tiles)
+    return RealtimeQuery(query, feed)
