@@ -38,6 +38,9 @@ __all__ = ["create_app", "create_app_from_env", "error_response"]
 
 log = logging.getLogger(__name__)
 
+REFRESH_STOP_SECONDS = 5.0
+"""How long a stopping worker waits for its refresher (uvicorn's graceful limit is 10 s)."""
+
 DESCRIPTION = """
 Top sellers, trending items, per-user recommendations and similar items for the
 storefront, read from the Redis online store that the streaming job keeps seconds fresh.
@@ -58,9 +61,16 @@ TAGS = [
 ]
 
 
-async def _keep_warm(client: AsyncServingClient, metrics: ServingMetrics, interval_s: float) -> None:
-    while True:
-        await asyncio.sleep(interval_s)
+async def _keep_warm(client: AsyncServingClient, metrics: ServingMetrics, interval_s: float,
+                     stop: asyncio.Event) -> None:
+    """Refresh until ``stop`` is set. The event, not only ``Task.cancel()``, ends the loop:
+    a cancellation that lands inside a Redis call can be lost (seen as a worker that never
+    finished its shutdown, still refreshing after SIGTERM)."""
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval_s)
+        if stop.is_set():
+            return
         try:
             await client.warm()
         except Exception:  # noqa: BLE001 - the refresher must outlive any one failure
@@ -91,14 +101,16 @@ def create_app(settings: Settings) -> FastAPI:
         gc.collect()
         gc.freeze()
         metrics.publish()
+        stop = asyncio.Event()
         refresher = asyncio.create_task(
-            _keep_warm(client, metrics, settings.serving_refresh_seconds))
+            _keep_warm(client, metrics, settings.serving_refresh_seconds, stop))
         try:
             yield
         finally:
+            stop.set()
             refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await refresher
+            # bounded: a refresh stuck in a Redis call must not hold the worker's shutdown
+            await asyncio.wait({refresher}, timeout=REFRESH_STOP_SECONDS)
             await client.aclose()
             metrics.publish()  # a stopping worker's counts stay in the sum
 
