@@ -71,7 +71,7 @@ from pipelines.streaming.pyfeatures import (
 )
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
 __all__ = [
@@ -80,6 +80,7 @@ __all__ = [
     "RealtimeWriter",
     "TileFeed",
     "ensure_topic",
+    "tile_messages",
     "RealtimeQuery",
     "start_realtime",
     "rt_tiles_key",
@@ -121,14 +122,6 @@ def _encode_tile(row: Mapping[str, Any]) -> str:
 
 def _decode_tile(text: bytes | str) -> dict[str, Any]:
     return orjson.loads(text)
-
-
-def _to_python(value: Any) -> Any:
-    if hasattr(value, "asDict"):
-        return {k: _to_python(v) for k, v in value.asDict().items()}
-    if isinstance(value, list):
-        return [_to_python(v) for v in value]
-    return value
 
 
 _CLOCK_LUA = """
@@ -176,8 +169,9 @@ class RealtimeWriter:
             self._client.close()
             self._client = None
 
-    def add(self, row: Mapping[str, Any]) -> None:
-        self._buffer.append(_to_python(row))
+    def add(self, row: dict[str, Any]) -> None:
+        """One tile row as the feed decodes it (a plain dict, as :func:`tile_messages` sends)."""
+        self._buffer.append(row)
 
     def flush(self, final: bool = False) -> None:
         """Write the buffered tiles and the touched entities' features; the top lists too
@@ -390,6 +384,17 @@ def _partitions(consumer: Any, topic: str, timeout_s: float = 60.0) -> list[int]
         time.sleep(0.2)
 
 
+def tile_messages(tiles: DataFrame) -> DataFrame:
+    """Tile rows -> Kafka messages for the feed: key ``kind|key`` (per-key order), value the
+    full row as JSON, nulls kept (the feed reads every field)."""
+    from pyspark.sql import functions as F
+
+    return tiles.select(
+        F.concat_ws("|", "kind", "key").alias("key"),
+        F.to_json(F.struct(*[F.col(c) for c in tiles.columns]),
+                  {"ignoreNullFields": "false"}).alias("value"))
+
+
 def ensure_topic(settings: Settings) -> None:
     """Create the tiles topic if it is missing (a managed Kafka may want it made beforehand)."""
     from kafka.admin import NewTopic
@@ -476,10 +481,7 @@ def start_realtime(spark: SparkSession, settings: Settings) -> RealtimeQuery:
               .dropDuplicates(["event_id", "event_time"]))
     tiles = keyed_tiles(events, slide_seconds=settings.feature_slide_seconds,
                         last_items_n=settings.feature_last_items_n)
-    out = tiles.select(
-        F.concat_ws("|", "kind", "key").alias("key"),
-        F.to_json(F.struct(*[F.col(c) for c in tiles.columns]),
-                  {"ignoreNullFields": "false"}).alias("value"))
+    out = tile_messages(tiles)
     ensure_topic(settings)
     feed = TileFeed(settings)
     feed.start()

@@ -44,11 +44,10 @@ AS_OF = datetime(2024, 6, 1, 11, 14, 30, tzinfo=UTC)
 def _rt_rows(spark: Any, events: Any) -> dict[str, list[dict[str, Any]]]:
     from features.tiles import keyed_tiles
     from pipelines.streaming.pyfeatures import TILE_OF_ROW
-    from pipelines.streaming.realtime import _to_python
 
     out: dict[str, list[dict[str, Any]]] = {"user": [], "item": [], "sales": []}
     for row in keyed_tiles(events, slide_seconds=60, last_items_n=4).collect():
-        out[row["kind"]].append(_to_python(row))
+        out[row["kind"]].append(row.asDict(recursive=True))
     out["user_tiles"] = [dict(TILE_OF_ROW["user"](r), user_id=r["key"]) for r in out["user"]]
     out["item_tiles"] = [dict(TILE_OF_ROW["item"](r), item_id=r["key"]) for r in out["item"]]
     return out
@@ -179,16 +178,21 @@ def test_tile_feed_applies_what_spark_sends_through_kafka(
     spark: Any, make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any,
     topic: str,
 ) -> None:
-    """Tiles sent by Spark's Kafka sink, in the query's JSON, land in Redis exactly (same
+    """Tiles sent by Spark's Kafka sink, as the query encodes them, land in Redis exactly (same
     tile values, the last sale in the top lists), and the feed commits what it applied."""
     from kafka import TopicPartition
-    from pyspark.sql import functions as F
 
     from features.tiles import keyed_tiles
     from pipelines.connections import kafka_consumer
     from pipelines.online_writer import top_item_key
     from pipelines.streaming.pyfeatures import TILE_OF_ROW
-    from pipelines.streaming.realtime import QUERY_NAME, TileFeed, _decode_tile, rt_tiles_key
+    from pipelines.streaming.realtime import (
+        QUERY_NAME,
+        TileFeed,
+        _decode_tile,
+        rt_tiles_key,
+        tile_messages,
+    )
 
     settings = make_settings(kafka_topic_rt_tiles=topic)
     events = spark.createDataFrame(_events(300, 23, start=AS_OF - timedelta(minutes=20),
@@ -196,10 +200,7 @@ def test_tile_feed_applies_what_spark_sends_through_kafka(
     events = events.unionByName(spark.createDataFrame(
         [("e-last", "purchase", AS_OF, "u0", "s", "ci-last", "c0", "UK", 3.0, 2, "web")],
         EVENT_SCHEMA))
-    tiles = keyed_tiles(events, slide_seconds=60, last_items_n=4)
-    (tiles.select(F.concat_ws("|", "kind", "key").alias("key"),
-                  F.to_json(F.struct(*[F.col(c) for c in tiles.columns]),
-                            {"ignoreNullFields": "false"}).alias("value"))
+    (tile_messages(keyed_tiles(events, slide_seconds=60, last_items_n=4))
      .write.format("kafka").options(**settings.spark_kafka_options()).option("topic", topic)
      .save())
 
@@ -243,9 +244,9 @@ def _rows_and_last(spark: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any
 def keyed_rows_of(spark: Any, events: Any) -> list[dict[str, Any]]:
     """What the Real-time query hands its writer: keyed tile rows as plain dicts."""
     from features.tiles import keyed_tiles
-    from pipelines.streaming.realtime import _to_python
 
-    return [_to_python(r) for r in keyed_tiles(events, slide_seconds=60, last_items_n=4).collect()]
+    return [r.asDict(recursive=True)
+            for r in keyed_tiles(events, slide_seconds=60, last_items_n=4).collect()]
 
 
 def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
