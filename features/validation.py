@@ -165,14 +165,16 @@ def with_verdict(raw: DataFrame, now: Column | datetime | None = None, check_key
         if spec.kind in ("id", "string", "event_type", "timestamp"):
             per_field.append(F.try_variant_get(sub, "$", "string").alias(f"_s_{spec.name}"))
             internal.append(f"_s_{spec.name}")
-        if spec.kind in ("timestamp", "price", "quantity"):
-            per_field.append(F.try_variant_get(sub, "$", "double").alias(f"_n_{spec.name}"))
-            internal.append(f"_n_{spec.name}")
     typed_fields = subs.select("*", *per_field)
-    numeric = [(_col("t", s.name).rlike(_NUMERIC_TYPE)).alias(f"_num_{s.name}")
-               for s in FIELDS if s.kind in ("timestamp", "price", "quantity")]
-    internal += [f"_num_{s.name}" for s in FIELDS if s.kind in ("timestamp", "price", "quantity")]
-    fields = typed_fields.select("*", *numeric)
+    numbers = [s for s in FIELDS if s.kind in ("timestamp", "price", "quantity")]
+    numeric = [(_col("t", s.name).rlike(_NUMERIC_TYPE)).alias(f"_num_{s.name}") for s in numbers]
+    internal += [f"_num_{s.name}" for s in numbers]
+    # the number only of a numeric value: a cast of text to double that fails costs
+    # an exception inside Spark, and ``event_time`` is text in almost every record
+    as_double = [F.when(_col("num", s.name), F.try_variant_get(_col("v", s.name), "$", "double"))
+                 .alias(f"_n_{s.name}") for s in numbers]
+    internal += [f"_n_{s.name}" for s in numbers]
+    fields = typed_fields.select("*", *numeric).select("*", *as_double)
     fields = fields.select("*", _parse_event_time().alias("_et"))
     internal.append("_et")
 
