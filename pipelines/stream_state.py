@@ -15,7 +15,8 @@ reads the same record and so makes the same decisions.
     ss:v1:tiles:user:{user_id}               HASH  "{tile_start}" -> tile JSON, "_b" -> batch id
     ss:v1:tiles:item:{item_id}               HASH  "{tile_start}" -> tile JSON, "_b" -> batch id
     ss:v1:tiles:sales:{item}|{cat}|{region}  HASH  "{tile_start}" -> tile JSON, "_b" -> batch id
-    ss:v1:tiles:sales-index                  SET   the sales keys (top lists read them all)
+    ss:v1:tiles:sales-by-tile:{tile_start}   HASH  "{item}|{cat}|{region}" -> [item, cat, region, units]
+    ss:v1:stream:top-base                    HASH  units of the closed tiles per window (below)
     ss:v1:stream:dirty:{kind}:{tile_start}   SET   entities touched while the clock was in that tile
 
 Per micro-batch, one Spark job (no row goes to the driver): the batch's tiles
@@ -34,9 +35,18 @@ task, for its keys, pipelined by chunks:
 4. finalizes the users' and items' features as of the batch's clock ``T``
    (the Python twin of :mod:`features.windows`) and writes them in Feast's layout.
 
-A second one-task job recomputes the top lists from every sales tile of the
-window. Values are full tiles, never increments, so writing them twice is
-harmless; the marker only stops a replay from adding its deltas again.
+A second one-task job writes the top lists. Summing every sales tile of the 24h
+window each batch would cost more with every hour the stream has run (1,440
+tiles per key at a one-minute slide), so it keeps a **base**: the units per
+sales key over the window's *closed* tiles, those before the tile of
+``previous clock - allowed lateness``, which no later batch can change (its
+events would be late). A batch moves the base's range forward (adds the tiles
+that closed, subtracts those that left the window: integer units, so exact) and
+adds the few open tiles to it; the base and its range are replaced in one
+``MULTI``/``EXEC``, so a replay finds the range done and changes nothing.
+
+Values are full tiles, never increments, so writing them twice is harmless; the
+marker only stops a replay from adding its deltas again.
 
 The keys have an owner (this job prunes them by event time) and, as a safety
 net against an abandoned deployment, the ``online_ttl_seconds`` TTL refreshed
@@ -74,7 +84,8 @@ __all__ = [
     "MARKER_FIELD",
     "tiles_key",
     "dirty_key",
-    "sales_index_key",
+    "sales_tile_key",
+    "top_base_key",
     "keyed_rows",
     "update_batches",
     "top_partition",
@@ -209,9 +220,14 @@ def tiles_key(kind: str, entity: str) -> str:
     return online_keys.key("tiles", kind, online_keys.encode_part(entity))
 
 
-def sales_index_key() -> str:
-    """Set of every sales key (``item|category|region``) that has tiles."""
-    return online_keys.key("tiles", "sales-index")
+def sales_tile_key(tile_start: int) -> str:
+    """Hash of one tile's sales: sales key (``item|category|region``) -> ``[item, cat, region, units]``."""
+    return online_keys.key("tiles", "sales-by-tile", str(int(tile_start)))
+
+
+def top_base_key() -> str:
+    """Hash of the top lists' base: units per sales key over the window's closed tiles."""
+    return online_keys.key("stream", "top-base")
 
 
 def dirty_key(kind: str, generation: int) -> str:
@@ -269,6 +285,9 @@ class PassConfig:
     ttl: int
     dirty_ttl: int
     emit: bool
+    open_from: int | None = None
+    """First tile (epoch s) this batch or a later one may still change:
+    ``tile_of(previous clock - allowed lateness)``; ``None``: every tile is open."""
 
     @property
     def current(self) -> int:
@@ -348,6 +367,7 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
                 stored = pipe.execute()
             users: list[dict[str, Any]] = []
             items: list[dict[str, Any]] = []
+            sales_tiles: set[int] = set()
             with client.pipeline(transaction=True) as tx:
                 for ((kind, key), batch_tiles), mapping in zip(chunk, stored, strict=True):
                     marker = int(mapping.pop(MARKER_FIELD.encode(), b"-1"))
@@ -370,7 +390,12 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
                         tx.hset(redis_key, mapping={**changed, MARKER_FIELD: str(cfg.batch_id)})
                         tx.expire(redis_key, cfg.ttl)
                         if kind == SALES:
-                            tx.sadd(sales_index_key(), key)
+                            for start_s in changed:
+                                tile = tiles[int(start_s)]
+                                tx.hset(sales_tile_key(int(start_s)), key, orjson.dumps(
+                                    [tile["item_id"], tile["category_id"], tile["region"],
+                                     int(tile["units"])]))
+                                sales_tiles.add(int(start_s))
                         else:
                             dirty = dirty_key(kind, cfg.current)
                             tx.sadd(dirty, key)
@@ -381,6 +406,8 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
                                                        last_items_n=cfg.last_items_n))
                     elif kind == ITEM:
                         items.append(pyf.finalize_item(key, live, as_of, slide_seconds=cfg.slide))
+                for start in sales_tiles:
+                    tx.expire(sales_tile_key(start), cfg.ttl)
                 tx.execute()
             if users:
                 online_writer.write_entity_rows(client, USER_ACTIVITY, users, ttl_seconds=cfg.ttl)
@@ -395,11 +422,65 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
         client.close()
 
 
-def top_partition(_: Iterator[Any], *, cfg: PassConfig, top_n: int) -> Iterator[tuple[str, str]]:
-    """Top sellers / trending of every scope from every sales tile of the window (one task).
+SalesEntry = list[Any]
+"""``[item, category, region, units]``: one sales key's units in one tile."""
+_RANGE_FIELD = b"_range"
 
-    Sales keys whose tiles have all left the 24h window are deleted here. With
-    ``cfg.emit`` it yields ``("top_items", row JSON)``.
+
+def _windows_of_base(cfg: PassConfig) -> dict[str, tuple[int, int]]:
+    """Per window, the tiles ``[first, end)`` the base covers after this batch: the
+    window's tiles as of the clock that are closed (before ``cfg.open_from``)."""
+    current = cfg.current
+    first = {w: current - seconds + cfg.slide for w, seconds in pyf.WINDOW_SECONDS.items()}
+    closed_end = min(first.values()) if cfg.open_from is None else min(cfg.open_from,
+                                                                      current + cfg.slide)
+    return {w: (first[w], max(first[w], closed_end)) for w in first}
+
+
+def _tile_range(start: int, end: int, slide: int) -> range:
+    return range(start, end, slide) if end > start else range(0)
+
+
+def _advance(units: dict[str, list[Any]], old: Mapping[str, tuple[int, int]] | None,
+             new: Mapping[str, tuple[int, int]], slide: int
+             ) -> tuple[dict[str, list[int]], dict[str, list[int]], list[int]]:
+    """Which tiles to add to and subtract from each window of the base (tile starts), and
+    which tiles to read; a window whose old range does not overlap the new one (a
+    first run, a long stop, a reset checkpoint) is rebuilt from zero."""
+    add: dict[str, list[int]] = {}
+    sub: dict[str, list[int]] = {}
+    for w, (a2, b2) in new.items():
+        a, b = old[w] if old is not None and w in old else (0, 0)
+        if old is None or w not in old or a2 < a or b2 < b or a2 >= b:
+            for entry in units.values():
+                entry[3][w] = 0
+            add[w], sub[w] = list(_tile_range(a2, b2, slide)), []
+        else:
+            add[w] = list(_tile_range(max(b, a2), b2, slide))
+            sub[w] = list(_tile_range(a, min(a2, b), slide))
+    return add, sub, sorted({t for w in new for t in (*add[w], *sub[w])})
+
+
+def _apply_tile(units: dict[str, list[Any]], entries: Mapping[bytes, bytes], window: str,
+                sign: int) -> None:
+    for field, value in entries.items():
+        item, cat, region, n = orjson.loads(value)
+        entry = units.get(field.decode("utf-8"))
+        if entry is None:
+            entry = units[field.decode("utf-8")] = [item, cat, region,
+                                                    dict.fromkeys(pyf.WINDOW_SECONDS, 0)]
+        entry[3][window] += sign * int(n)
+
+
+def top_partition(_: Iterator[Any], *, cfg: PassConfig, top_n: int) -> Iterator[tuple[str, str]]:
+    """Top sellers / trending of every scope (one task): the base plus the open tiles.
+
+    The base (units per sales key over each window's closed tiles) is moved to this
+    batch's range, reading only the tiles that closed or left the window since, and
+    replaced with its new range in one transaction; the open tiles (from
+    ``cfg.open_from`` to the clock, about ``allowed lateness / slide`` of them) are
+    added on top. Tiles that left the 24h window are deleted. With ``cfg.emit`` it
+    yields ``("top_items", row JSON)``.
     """
     import redis
 
@@ -407,28 +488,51 @@ def top_partition(_: Iterator[Any], *, cfg: PassConfig, top_n: int) -> Iterator[
 
     client = redis.Redis(**cfg.redis_kwargs)
     try:
-        keys = [m.decode("utf-8") for m in client.sscan_iter(sales_index_key(), count=1000)]
-        sales: list[dict[str, Any]] = []
-        gone: list[str] = []
-        for chunk in _chunks(keys, _CHUNK):
-            with client.pipeline(transaction=False) as pipe:
-                for key in chunk:
-                    pipe.hgetall(tiles_key(SALES, key))
-                stored = pipe.execute()
-            for key, mapping in zip(chunk, stored, strict=True):
-                mapping.pop(MARKER_FIELD.encode(), None)
-                live = [orjson.loads(v) for f, v in mapping.items() if int(f) > cfg.cutoff]
-                if live:
-                    sales.extend(live)
-                else:
-                    gone.append(key)
-        if gone:
+        stored = client.hgetall(top_base_key())
+        old_raw = stored.pop(_RANGE_FIELD, None)
+        old = ({w: (int(r[0]), int(r[1])) for w, r in orjson.loads(old_raw).items()}
+               if old_raw is not None else None)
+        units: dict[str, list[Any]] = {}
+        for field, value in stored.items():
+            item, cat, region, per_window = orjson.loads(value)
+            units[field.decode("utf-8")] = [item, cat, region, per_window]
+        new = _windows_of_base(cfg)
+        add, sub, changed = _advance(units, old, new, cfg.slide)
+        open_tiles = {w: list(_tile_range(end, cfg.current + cfg.slide, cfg.slide))
+                      for w, (_, end) in new.items()}
+        wanted = sorted({*changed, *(t for ts in open_tiles.values() for t in ts)})
+        with client.pipeline(transaction=False) as pipe:
+            for start in wanted:
+                pipe.hgetall(sales_tile_key(start))
+            tiles = dict(zip(wanted, pipe.execute(), strict=True))
+        if changed or old != new:
+            for w in new:
+                for start in add[w]:
+                    _apply_tile(units, tiles[start], w, +1)
+                for start in sub[w]:
+                    _apply_tile(units, tiles[start], w, -1)
+            units = {k: e for k, e in units.items() if any(e[3].values())}
+            left = [t for t in sub[pyf.LONG_WINDOW]] if old is not None else []
             with client.pipeline(transaction=True) as tx:
-                tx.delete(*[tiles_key(SALES, k) for k in gone])
-                tx.srem(sales_index_key(), *gone)
+                tx.delete(top_base_key())
+                tx.hset(top_base_key(), mapping={
+                    _RANGE_FIELD: orjson.dumps({w: list(r) for w, r in new.items()}),
+                    **{k: orjson.dumps(e) for k, e in units.items()}})
+                tx.expire(top_base_key(), cfg.ttl)
+                if left:
+                    tx.delete(*[sales_tile_key(t) for t in left])
                 tx.execute()
-        rows = pyf.top_items(sales, pyf.from_us(cfg.as_of_us), slide_seconds=cfg.slide,
-                             top_n=top_n)
+        totals: dict[tuple[str, str, str], dict[str, int]] = {}
+        for item, cat, region, per_window in units.values():
+            totals[(item, cat, region)] = dict(per_window)
+        for w, starts in open_tiles.items():
+            for start in starts:
+                for value in tiles[start].values():
+                    item, cat, region, n = orjson.loads(value)
+                    per_window = totals.setdefault((item, cat, region),
+                                                   dict.fromkeys(pyf.WINDOW_SECONDS, 0))
+                    per_window[w] += int(n)
+        rows = pyf.rank_top_items(totals, pyf.from_us(cfg.as_of_us), top_n=top_n)
         if rows:
             online_writer.write_top_items(client, rows, top_n=top_n, prune=True)
         if cfg.emit:
@@ -495,9 +599,10 @@ class TileStore:
         """``tile_start`` (epoch seconds) of a time in epoch microseconds."""
         return pyf.tile_of(ts_us, self.slide)
 
-    def config(self, batch_id: int, as_of_us: int, emit: bool) -> PassConfig:
+    def config(self, batch_id: int, as_of_us: int, emit: bool,
+               open_from: int | None = None) -> PassConfig:
         return PassConfig(self.redis_kwargs, batch_id, as_of_us, self.slide, self.long_window,
-                          self.last_items_n, self.ttl, self.dirty_ttl, emit)
+                          self.last_items_n, self.ttl, self.dirty_ttl, emit, open_from)
 
     def dirty_entities(self, spark: SparkSession, kind: str, generations: Iterable[int]) -> DataFrame:
         """(kind, key) rows: the entities in the dirty sets of ``generations`` (read on an executor)."""
@@ -526,10 +631,14 @@ class TileStore:
         return out.localCheckpoint(eager=True)
 
     def write_top(self, spark: SparkSession, *, batch_id: int, as_of_us: int,
-                  emit: bool = False) -> Any:
-        """Recompute and replace every top list (one task); the rows RDD when ``emit``."""
+                  emit: bool = False, open_from: int | None = None) -> Any:
+        """Recompute and replace every top list (one task); the rows RDD when ``emit``.
+
+        ``open_from``: :attr:`PassConfig.open_from` (``None`` reads every tile of the window).
+        """
+        cfg = self.config(batch_id, as_of_us, emit, open_from)
         out = spark.sparkContext.parallelize([0], 1).mapPartitions(
-            partial(top_partition, cfg=self.config(batch_id, as_of_us, emit), top_n=self.top_n))
+            partial(top_partition, cfg=cfg, top_n=self.top_n))
         if not emit:
             out.foreach(lambda _: None)
             return None

@@ -9,8 +9,9 @@ events and the event-time clock ``T`` after the batch:
    items' features as of ``T`` written in Feast's layout
    (:class:`pipelines.stream_state.TileStore`), with item metadata;
 2. when the batch had purchases or the window slid: one task recomputes the top
-   sellers and trending lists of every scope from the sales tiles of the 24h
-   window and replaces them atomically (:func:`pipelines.online_writer.write_top_items`);
+   sellers and trending lists of every scope from a base over the window's closed
+   tiles plus its open ones (:func:`pipelines.stream_state.top_partition`) and
+   replaces them atomically (:func:`pipelines.online_writer.write_top_items`);
 3. when ``T`` entered a new tile (the slide cadence): the features as of ``T``
    of every entity touched since the previous snapshot, and the top lists, go to
    the offline store in the backfill's format (:func:`pipelines.offline_store.write_snapshots`).
@@ -111,7 +112,12 @@ class OnlineFeatures:
         top = None
         try:
             if has_purchases or slid or due:
-                top = self.store.write_top(spark, batch_id=batch_id, as_of_us=as_of_us, emit=due)
+                # tiles before the one of the late cut (previous clock - allowed lateness)
+                # are final: no later batch accepts an event for them
+                open_from = None if prev_as_of_us is None else self.store.tile_of(
+                    prev_as_of_us - self.settings.feature_allowed_lateness_seconds * 1_000_000)
+                top = self.store.write_top(spark, batch_id=batch_id, as_of_us=as_of_us, emit=due,
+                                           open_from=open_from)
             if due:
                 self._snapshot(spark, emitted, top, batch_id, batch_log)
                 snapshot_tile = current

@@ -45,6 +45,8 @@ __all__ = [
     "finalize_user",
     "finalize_item",
     "trending_score",
+    "sales_units",
+    "rank_top_items",
     "top_items",
 ]
 
@@ -282,33 +284,54 @@ def finalize_item(item_id: str, tiles: Iterable[Mapping[str, Any]], as_of: datet
     return row
 
 
-def top_items(sales: Iterable[Mapping[str, Any]], as_of: datetime, *, slide_seconds: int,
-              top_n: int) -> list[dict[str, Any]]:
-    """:func:`features.windows.finalize_top_items` (rows of ``TOP_ITEM_COLUMNS``)."""
-    current = tile_of(as_of, slide_seconds)
-    units: dict[tuple[str | None, str | None, str], dict[str, int]] = defaultdict(
+def sales_units(sales: Iterable[Mapping[str, Any]], current: int
+                ) -> dict[tuple[str, str, str], dict[str, int]]:
+    """Units per ``(item, category, region)`` and window of the sales tiles as of tile ``current``."""
+    units: dict[tuple[str, str, str], dict[str, int]] = defaultdict(
         lambda: dict.fromkeys(WINDOW_SECONDS, 0))
     for t in sales:
         start = int(t["tile_start"])
         if start > current:
             continue
-        cat, reg, item = t["category_id"], t["region"], t["item_id"]
+        windows = [w for w in WINDOW_SECONDS if in_window(start, current, w)]
+        if windows:
+            per_window = units[(t["item_id"], t["category_id"], t["region"])]
+            for w in windows:
+                per_window[w] += int(t["units"])
+    return units
+
+
+def rank_top_items(units: Mapping[tuple[str, str, str], Mapping[str, int]], as_of: datetime, *,
+                   top_n: int) -> list[dict[str, Any]]:
+    """Rows of ``TOP_ITEM_COLUMNS`` from units per ``(item, category, region)`` and window
+    (:func:`sales_units`): every scope, ranked by score descending, then item ascending."""
+    scoped: dict[tuple[str | None, str | None, str], dict[str, int]] = defaultdict(
+        lambda: dict.fromkeys(WINDOW_SECONDS, 0))
+    for (item, cat, reg), per_window in units.items():
         for scope in ((None, None), (cat, None), (None, reg), (cat, reg)):
+            totals = scoped[(scope[0], scope[1], item)]
             for w in WINDOW_SECONDS:
-                if in_window(start, current, w):
-                    units[(scope[0], scope[1], item)][w] += int(t["units"])
+                totals[w] += int(per_window.get(w, 0))
     lists: dict[tuple[str, str, str | None, str | None], list[tuple[float, str]]] = defaultdict(list)
-    for (cat, reg, item), per_window in units.items():
+    for (scope_cat, scope_reg, item), sums in scoped.items():
         for w in WINDOW_SECONDS:
-            if per_window[w] > 0:
-                lists[("top", w, cat, reg)].append((float(per_window[w]), item))
-        if per_window[SHORT_WINDOW] > 0:
-            score = trending_score(per_window[SHORT_WINDOW], per_window[LONG_WINDOW])
-            lists[("trend", SHORT_WINDOW, cat, reg)].append((score, item))
+            if sums[w] > 0:
+                lists[("top", w, scope_cat, scope_reg)].append((float(sums[w]), item))
+        if sums[SHORT_WINDOW] > 0:
+            score = trending_score(sums[SHORT_WINDOW], sums[LONG_WINDOW])
+            lists[("trend", SHORT_WINDOW, scope_cat, scope_reg)].append((score, item))
     rows = []
-    for (kind, window, cat, reg), entries in lists.items():
+    for (kind, window, list_cat, list_reg), entries in lists.items():
         entries.sort(key=lambda e: (-e[0], e[1]))
-        for rank, (score, item) in enumerate(entries[:top_n], start=1):
-            rows.append({"kind": kind, "window": window, "category_id": cat, "region": reg,
-                         "item_id": item, "score": score, "rank": rank, "event_timestamp": as_of})
+        for rank, (score, top_item) in enumerate(entries[:top_n], start=1):
+            rows.append({"kind": kind, "window": window, "category_id": list_cat,
+                         "region": list_reg, "item_id": top_item, "score": score, "rank": rank,
+                         "event_timestamp": as_of})
     return rows
+
+
+def top_items(sales: Iterable[Mapping[str, Any]], as_of: datetime, *, slide_seconds: int,
+              top_n: int) -> list[dict[str, Any]]:
+    """:func:`features.windows.finalize_top_items` (rows of ``TOP_ITEM_COLUMNS``)."""
+    current = tile_of(as_of, slide_seconds)
+    return rank_top_items(sales_units(sales, current), as_of, top_n=top_n)

@@ -168,3 +168,64 @@ def test_a_replayed_batch_changes_nothing(
             online = spec.decode(redis_client.hgetall(spec.redis_key(row[spec.join_key])))
             _, encoded = spec.encode(row.asDict())
             assert compare_values(spec, online, spec.decode(encoded)) == [], row[spec.join_key]
+
+
+def test_top_lists_over_a_day_of_batches_equal_a_recomputation(
+    make_settings: Callable[..., Settings], redis_client: Any, spark: Any,
+) -> None:
+    """Batches 3 h apart over 30 h, each with events up to the allowed lateness before the
+    previous clock: after every batch the top lists (built from the closed-tile base plus
+    the open tiles) equal features.windows over every sales tile so far; tiles that left
+    the 24h window are gone, and a replayed top write changes nothing."""
+    import json
+
+    from features.tiles import sales_tiles
+    from features.windows import finalize_top_items
+    from pipelines.connections import redis_kwargs
+    from pipelines.stream_state import TileStore, sales_tile_key, top_base_key
+
+    settings = make_settings()
+    lateness_s = 600
+    store = TileStore(redis_kwargs(settings, timeout_ms=5000), slide_seconds=60, last_items_n=5,
+                      long_window_seconds=86_400, ttl_seconds=7 * 86_400, top_n=4)
+    everything: list[tuple] = []
+    prev_clock_us: int | None = None
+
+    def epoch_us(ts: datetime) -> int:
+        return (ts - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+
+    def rows_of(frame: Any) -> list[tuple]:
+        return sorted((r["kind"], r["window"], r["category_id"] or "", r["region"] or "",
+                       r["rank"], r["item_id"], round(r["score"], 9)) for r in frame)
+
+    for batch_id in range(10):
+        start = T0 + timedelta(hours=3 * batch_id)
+        if prev_clock_us is not None:  # the oldest an accepted event can be
+            start = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(
+                microseconds=prev_clock_us - lateness_s * 1_000_000)
+        batch = _events(150, 100 + batch_id, start=start, span_s=3 * 3600)
+        everything += batch
+        clock_us = max(prev_clock_us or 0, max(epoch_us(e[2]) for e in batch))
+        store.apply(spark, spark.createDataFrame(batch, EVENT_SCHEMA), batch_id=batch_id,
+                    as_of_us=clock_us)
+        open_from = (None if prev_clock_us is None
+                     else store.tile_of(prev_clock_us - lateness_s * 1_000_000))
+        got = store.write_top(spark, batch_id=batch_id, as_of_us=clock_us, emit=True,
+                              open_from=open_from)
+        clock = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=clock_us)
+        expected = finalize_top_items(
+            sales_tiles(spark.createDataFrame(everything, EVENT_SCHEMA), slide_seconds=60),
+            clock, slide_seconds=60, top_n=4).collect()
+        assert expected, batch_id
+        assert rows_of([json.loads(v) for _, v in got.collect()]) == rows_of(
+            [r.asDict() for r in expected]), f"batch {batch_id}"
+        got.unpersist()
+        prev_clock_us = clock_us
+
+    first_kept = store.tile_of(prev_clock_us) - 86_400 + 60
+    per_tile = [int(k.decode().rsplit(":", 1)[1])
+                for k in redis_client.scan_iter(sales_tile_key(0).rsplit(":", 1)[0] + ":*")]
+    assert per_tile and min(per_tile) >= first_kept, sorted(per_tile)[:5]
+    base = redis_client.hgetall(top_base_key())
+    store.write_top(spark, batch_id=9, as_of_us=prev_clock_us, open_from=open_from)  # a replay
+    assert redis_client.hgetall(top_base_key()) == base
