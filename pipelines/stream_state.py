@@ -368,6 +368,7 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
             users: list[dict[str, Any]] = []
             items: list[dict[str, Any]] = []
             sales_tiles: set[int] = set()
+            dirty: dict[str, list[str]] = {}
             with client.pipeline(transaction=True) as tx:
                 for ((kind, key), batch_tiles), mapping in zip(chunk, stored, strict=True):
                     marker = int(mapping.pop(MARKER_FIELD.encode(), b"-1"))
@@ -397,9 +398,7 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
                                      int(tile["units"])]))
                                 sales_tiles.add(int(start_s))
                         else:
-                            dirty = dirty_key(kind, cfg.current)
-                            tx.sadd(dirty, key)
-                            tx.expire(dirty, cfg.dirty_ttl)
+                            dirty.setdefault(kind, []).append(key)
                     live = [t for start, t in tiles.items() if start > cutoff]
                     if kind == USER:
                         users.append(pyf.finalize_user(key, live, as_of, slide_seconds=cfg.slide,
@@ -408,6 +407,9 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
                         items.append(pyf.finalize_item(key, live, as_of, slide_seconds=cfg.slide))
                 for start in sales_tiles:
                     tx.expire(sales_tile_key(start), cfg.ttl)
+                for kind, keys in dirty.items():
+                    tx.sadd(dirty_key(kind, cfg.current), *keys)
+                    tx.expire(dirty_key(kind, cfg.current), cfg.dirty_ttl)
                 tx.execute()
             if users:
                 online_writer.write_entity_rows(client, USER_ACTIVITY, users, ttl_seconds=cfg.ttl)
