@@ -348,9 +348,59 @@ def update_batches(batches: Iterator[Any], *, cfg: PassConfig) -> Iterator[Any]:
             yield _emit_batch(rows)
 
 
+BASE_FIELD = "_base"
+"""Hash field of an item's :class:`pipelines.streaming.pyfeatures.ItemBase`."""
+_META_FIELDS = (MARKER_FIELD.encode(), BASE_FIELD.encode())
+
+
+def _item_reads(cfg: PassConfig) -> tuple[dict[str, tuple[int, int]], list[int]]:
+    """The base's ranges after this batch and the open tiles (read every batch) of an item."""
+    ranges = _windows_of_base(cfg)
+    end_long = ranges[pyf.LONG_WINDOW][1]
+    return ranges, list(_tile_range(end_long, cfg.current + cfg.slide, cfg.slide))
+
+
+def _moves(base: pyf.ItemBase | None, ranges: Mapping[str, tuple[int, int]], slide: int
+           ) -> tuple[dict[str, list[int]], dict[str, list[int]], set[str]] | None:
+    """Tiles to add to and remove from each window of ``base`` to reach ``ranges``, and
+    the windows to empty first (their old range is behind the new one: add it all);
+    ``None`` when it must be rebuilt from every tile (none yet, or a range moved back)."""
+    if base is None:
+        return None
+    add: dict[str, list[int]] = {}
+    sub: dict[str, list[int]] = {}
+    reset: set[str] = set()
+    for w, (a2, b2) in ranges.items():
+        a, b = base.ranges.get(w, (0, 0))
+        if a2 < a or b2 < b:
+            return None
+        if a2 >= b:
+            reset.add(w)
+            add[w], sub[w] = list(_tile_range(a2, b2, slide)), []
+        else:
+            add[w] = list(_tile_range(b, b2, slide))
+            sub[w] = list(_tile_range(a, a2, slide))
+    return add, sub, reset
+
+
+def _rebuilt(tiles: Mapping[int, Mapping[str, Any]], ranges: Mapping[str, tuple[int, int]]
+             ) -> pyf.ItemBase:
+    base = pyf.ItemBase(ranges)
+    for w, (a, b) in ranges.items():
+        for start in sorted(t for t in tiles if a <= t < b):
+            base.add(w, tiles[start])
+    return base
+
+
 def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
             metadata: list[dict[str, Any]], cfg: PassConfig) -> Iterator[list[tuple[str, str]]]:
-    """Merge, write and finalize per chunk of keys; yields each chunk's emitted rows."""
+    """Merge, write and finalize per chunk of keys; yields each chunk's emitted rows.
+
+    Users and sales keys read all their tiles (a user's are few). Items, once the
+    clock of a previous batch is known, read only their base and open tiles, plus
+    the tiles the base moves over since its last batch (a second round trip, or all
+    tiles when the base must be rebuilt).
+    """
     import redis
 
     from features.feast_layout import ITEM_STATS, USER_ACTIVITY
@@ -358,24 +408,92 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
 
     as_of = pyf.from_us(cfg.as_of_us)
     cutoff = cfg.cutoff
+    ranges, open_starts = _item_reads(cfg)
     client = redis.Redis(**cfg.redis_kwargs)
     try:
         for chunk in _chunks(deltas.items(), _CHUNK):
+            based = [cfg.open_from is not None and kind == ITEM for (kind, _), _ in chunk]
             with client.pipeline(transaction=False) as pipe:
-                for (kind, key), _ in chunk:
-                    pipe.hgetall(tiles_key(kind, key))
+                for ((kind, key), _), item in zip(chunk, based, strict=True):
+                    if item:
+                        pipe.hmget(tiles_key(kind, key), [*_META_FIELDS[:2],
+                                                          *map(str, open_starts)])
+                    else:
+                        pipe.hgetall(tiles_key(kind, key))
                 stored = pipe.execute()
+            # items: the base as stored, and what moving it needs (a second round trip)
+            bases: dict[int, pyf.ItemBase | None] = {}
+            plans: dict[int, Any] = {}
+            with client.pipeline(transaction=False) as pipe:
+                for i, (((kind, key), _), item) in enumerate(zip(chunk, based, strict=True)):
+                    if not item:
+                        continue
+                    values = stored[i]
+                    raw_base = values[1]
+                    base = pyf.ItemBase.from_json(raw_base) if raw_base is not None else None
+                    plan = _moves(base, ranges, cfg.slide)
+                    bases[i], plans[i] = base, plan
+                    if plan is None:
+                        pipe.hgetall(tiles_key(kind, key))
+                    else:
+                        moved = sorted({t for w in plan[0] for t in (*plan[0][w], *plan[1][w])})
+                        pipe.hmget(tiles_key(kind, key), [MARKER_FIELD, *map(str, moved)])
+                        plans[i] = (plan, moved)
+                second = dict(zip(sorted(bases), pipe.execute(), strict=True)) if bases else {}
             users: list[dict[str, Any]] = []
             items: list[dict[str, Any]] = []
             sales_tiles: set[int] = set()
             dirty: dict[str, list[str]] = {}
             with client.pipeline(transaction=True) as tx:
-                for ((kind, key), batch_tiles), mapping in zip(chunk, stored, strict=True):
-                    marker = int(mapping.pop(MARKER_FIELD.encode(), b"-1"))
-                    tiles = {int(f): orjson.loads(v) for f, v in mapping.items()}
-                    if batch_tiles and marker < cfg.batch_id:
+                for i, ((kind, key), batch_tiles) in enumerate(chunk):
+                    redis_key = tiles_key(kind, key)
+                    base = None
+                    write_base = False
+                    if i in bases:
+                        values = stored[i]
+                        marker = int(values[0] or b"-1")
+                        tiles = {t: orjson.loads(v) for t, v in zip(open_starts, values[2:],
+                                                                     strict=True) if v is not None}
+                        if plans[i] is None:  # rebuild from every tile
+                            mapping = second[i]
+                            for f in _META_FIELDS:
+                                mapping.pop(f, None)
+                            every = {int(f): orjson.loads(v) for f, v in mapping.items()}
+                            base = _rebuilt(every, ranges)
+                            expired = [str(t) for t in every if t <= cutoff]
+                        else:
+                            (add, sub, reset), moved = plans[i]
+                            found = {t: orjson.loads(v) for t, v in zip(moved, second[i][1:],
+                                                                        strict=True) if v is not None}
+                            base = bases[i]
+                            assert base is not None
+                            for w in ranges:
+                                if w in reset:
+                                    base.reset(w)
+                                for t in add[w]:
+                                    if t in found:
+                                        base.add(w, found[t])
+                                for t in sub[w]:
+                                    if t in found:
+                                        base.remove(w, found[t])
+                            # tiles that left the 24h window: the removed ones, or after
+                            # a jump past the old range, everything before the new one
+                            gone = (_tile_range(base.ranges[pyf.LONG_WINDOW][0],
+                                                ranges[pyf.LONG_WINDOW][0], cfg.slide)
+                                    if pyf.LONG_WINDOW in reset else sub[pyf.LONG_WINDOW])
+                            expired = [str(t) for t in gone]
+                        write_base = base.ranges != ranges or plans[i] is None
+                        base.ranges = dict(ranges)
+                    else:
+                        mapping = stored[i]
+                        marker = int(mapping.pop(MARKER_FIELD.encode(), b"-1"))
+                        mapping.pop(BASE_FIELD.encode(), None)
+                        tiles = {int(f): orjson.loads(v) for f, v in mapping.items()}
+                        expired = [str(t) for t in tiles if t <= cutoff]
+                    merging = bool(batch_tiles) and marker < cfg.batch_id
+                    changed: dict[str, bytes] = {}
+                    if merging:
                         merge = pyf.MERGE[kind]
-                        changed: dict[str, str] = {}
                         for delta in batch_tiles:
                             start = int(delta["tile_start"])
                             if start <= cutoff:
@@ -384,12 +502,17 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
                             tiles[start] = (delta if old is None
                                             else merge(old, delta, last_items_n=cfg.last_items_n))
                             changed[str(start)] = orjson.dumps(tiles[start])
-                        expired = [str(t) for t in tiles if t <= cutoff]
-                        redis_key = tiles_key(kind, key)
+                    if merging or write_base:
                         if expired:
                             tx.hdel(redis_key, *expired)
-                        tx.hset(redis_key, mapping={**changed, MARKER_FIELD: str(cfg.batch_id)})
+                        fields: dict[str, Any] = dict(changed)
+                        if merging:
+                            fields[MARKER_FIELD] = str(cfg.batch_id)
+                        if write_base and base is not None:
+                            fields[BASE_FIELD] = base.to_json()
+                        tx.hset(redis_key, mapping=fields)
                         tx.expire(redis_key, cfg.ttl)
+                    if merging:
                         if kind == SALES:
                             for start_s in changed:
                                 tile = tiles[int(start_s)]
@@ -399,11 +522,15 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
                                 sales_tiles.add(int(start_s))
                         else:
                             dirty.setdefault(kind, []).append(key)
-                    live = [t for start, t in tiles.items() if start > cutoff]
                     if kind == USER:
+                        live = [t for start, t in tiles.items() if start > cutoff]
                         users.append(pyf.finalize_user(key, live, as_of, slide_seconds=cfg.slide,
                                                        last_items_n=cfg.last_items_n))
+                    elif kind == ITEM and base is not None:
+                        opened = [tiles[t] for t in sorted(tiles) if t >= ranges[pyf.LONG_WINDOW][1]]
+                        items.append(base.finalize(key, opened, as_of, slide_seconds=cfg.slide))
                     elif kind == ITEM:
+                        live = [t for start, t in tiles.items() if start > cutoff]
                         items.append(pyf.finalize_item(key, live, as_of, slide_seconds=cfg.slide))
                 for start in sales_tiles:
                     tx.expire(sales_tile_key(start), cfg.ttl)
@@ -616,17 +743,20 @@ class TileStore:
         return spark.createDataFrame(rdd, "kind string, key string").distinct()
 
     def apply(self, spark: SparkSession, events: DataFrame, *, batch_id: int, as_of_us: int,
-              extra_keys: DataFrame | None = None, emit: bool = False) -> Any:
+              extra_keys: DataFrame | None = None, emit: bool = False,
+              open_from: int | None = None) -> Any:
         """Merge a batch into Redis and write the touched entities' features (one Spark job).
 
+        ``open_from``: :attr:`PassConfig.open_from`; with it, items keep a base over
+        their closed tiles (``None``: every tile is read).
         Returns the ``(view, value)`` DataFrame of feature row JSON when ``emit``
         (checkpointed, so the pass runs once; the caller releases it), else ``None``.
         """
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
         rows = keyed_rows(events, slide_seconds=self.slide, last_items_n=self.last_items_n,
                           partitions=partitions, extra_keys=extra_keys)
-        out = rows.mapInArrow(partial(update_batches, cfg=self.config(batch_id, as_of_us, emit)),
-                              _EMIT_SCHEMA)
+        cfg = self.config(batch_id, as_of_us, emit, open_from)
+        out = rows.mapInArrow(partial(update_batches, cfg=cfg), _EMIT_SCHEMA)
         if not emit:
             out.write.format("noop").mode("overwrite").save()
             return None

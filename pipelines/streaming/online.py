@@ -107,15 +107,15 @@ class OnlineFeatures:
             generations = range(first, current + 1, self.slide)
             extra = self.store.dirty_entities(spark, USER, generations).unionByName(
                 self.store.dirty_entities(spark, ITEM, generations))
+        # tiles before the one of the late cut (previous clock - allowed lateness) are
+        # final: no later batch accepts an event for them
+        open_from = None if prev_as_of_us is None else self.store.tile_of(
+            prev_as_of_us - self.settings.feature_allowed_lateness_seconds * 1_000_000)
         emitted = self.store.apply(spark, events, batch_id=batch_id, as_of_us=as_of_us,
-                                   extra_keys=extra, emit=due)
+                                   extra_keys=extra, emit=due, open_from=open_from)
         top = None
         try:
             if has_purchases or slid or due:
-                # tiles before the one of the late cut (previous clock - allowed lateness)
-                # are final: no later batch accepts an event for them
-                open_from = None if prev_as_of_us is None else self.store.tile_of(
-                    prev_as_of_us - self.settings.feature_allowed_lateness_seconds * 1_000_000)
                 top = self.store.write_top(spark, batch_id=batch_id, as_of_us=as_of_us, emit=due,
                                            open_from=open_from)
             if due:

@@ -25,7 +25,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 from typing import Any
+
+import orjson
 
 from features.windows import LONG_WINDOW, SHORT_WINDOW, WINDOW_SECONDS
 
@@ -44,6 +47,8 @@ __all__ = [
     "ItemMetadata",
     "finalize_user",
     "finalize_item",
+    "ITEM_SUMS",
+    "ItemBase",
     "trending_score",
     "sales_units",
     "rank_top_items",
@@ -263,17 +268,19 @@ def trending_score(units_short: int, units_long: int) -> float:
     return (float(units_short) + 1.0) / (float(units_long) * ratio + 1.0)
 
 
-def finalize_item(item_id: str, tiles: Iterable[Mapping[str, Any]], as_of: datetime, *,
-                  slide_seconds: int) -> dict[str, Any]:
-    """:func:`features.windows.finalize_item_features` for one item."""
-    current = tile_of(as_of, slide_seconds)
-    tiles = [t for t in tiles if int(t["tile_start"]) <= current]
-    long = [t for t in tiles if in_window(int(t["tile_start"]), current, LONG_WINDOW)]
-    latest = max(long, key=lambda t: (int(t["category_us"]), t["category_id"]), default=None)
-    row: dict[str, Any] = {"item_id": item_id,
-                           "category_id": latest["category_id"] if latest else None}
-    sums = _window_sums(tiles, current, ("views", "carts", "purchases", "units"), ("revenue",))
-    for name in ("views", "carts", "purchases", "units", "revenue"):
+def _latest_category(tiles: Iterable[Mapping[str, Any]]) -> tuple[int, str] | None:
+    """``(category_us, category_id)`` of the tile with the latest event (ties: greatest id)."""
+    return max(((int(t["category_us"]), t["category_id"]) for t in tiles), default=None)
+
+
+def _later(a: tuple[int, str] | None, b: tuple[int, str] | None) -> tuple[int, str] | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def _item_row(item_id: str, sums: Mapping[str, Any], latest: tuple[int, str] | None,
+              as_of: datetime) -> dict[str, Any]:
+    row: dict[str, Any] = {"item_id": item_id, "category_id": latest[1] if latest else None}
+    for name in ITEM_SUMS:
         for w in WINDOW_SECONDS:
             row[f"{name}_{w}"] = sums[f"{name}_{w}"]
     for w in WINDOW_SECONDS:
@@ -282,6 +289,105 @@ def finalize_item(item_id: str, tiles: Iterable[Mapping[str, Any]], as_of: datet
     row["trending_score"] = trending_score(row[f"units_{SHORT_WINDOW}"], row[f"units_{LONG_WINDOW}"])
     row["event_timestamp"] = as_of
     return row
+
+
+ITEM_SUMS: tuple[str, ...] = ("views", "carts", "purchases", "units", "revenue")
+"""The summed fields of an item tile (``revenue`` a double, the others integers)."""
+
+
+def finalize_item(item_id: str, tiles: Iterable[Mapping[str, Any]], as_of: datetime, *,
+                  slide_seconds: int) -> dict[str, Any]:
+    """:func:`features.windows.finalize_item_features` for one item."""
+    current = tile_of(as_of, slide_seconds)
+    tiles = [t for t in tiles if int(t["tile_start"]) <= current]
+    long = [t for t in tiles if in_window(int(t["tile_start"]), current, LONG_WINDOW)]
+    sums = _window_sums(tiles, current, ITEM_SUMS[:-1], ("revenue",))
+    return _item_row(item_id, sums, _latest_category(long), as_of)
+
+
+class ItemBase:
+    """An item's sums over each window's *closed* tiles (no later batch changes them).
+
+    The stream moves it forward tile by tile (:meth:`add` the tiles that closed,
+    :meth:`remove` those that left a window) instead of summing up to 1,440 tiles
+    per item and batch. Integers are exact; revenue is kept as an exact fraction
+    of the doubles added and removed, so subtracting never leaves rounding residue
+    (its value is the exactly rounded sum, within the verifier's 1e-9 of any
+    summation order). The latest category is only needed over the long window:
+    tiles cover disjoint times, so the tile holding it is the last of the range
+    to leave, and the range is then empty.
+    """
+
+    def __init__(self, ranges: Mapping[str, tuple[int, int]]) -> None:
+        self.ranges = dict(ranges)
+        self.sums = {w: dict.fromkeys(ITEM_SUMS[:-1], 0) for w in WINDOW_SECONDS}
+        self.revenue = {w: Fraction(0) for w in WINDOW_SECONDS}
+        self.count = dict.fromkeys(WINDOW_SECONDS, 0)
+        self.latest: tuple[int, str] | None = None
+
+    def add(self, window: str, tile: Mapping[str, Any], sign: int = 1) -> None:
+        sums = self.sums[window]
+        for name in ITEM_SUMS[:-1]:
+            sums[name] += sign * int(tile[name])
+        self.revenue[window] += sign * Fraction(float(tile["revenue"]))
+        self.count[window] += sign
+        if window == LONG_WINDOW:
+            if sign > 0:
+                self.latest = _later(self.latest, _latest_category([tile]))
+            elif self.count[window] == 0:
+                self.latest = None
+
+    def remove(self, window: str, tile: Mapping[str, Any]) -> None:
+        self.add(window, tile, -1)
+
+    def reset(self, window: str) -> None:
+        """Empty one window (its whole range is to be added again)."""
+        self.sums[window] = dict.fromkeys(ITEM_SUMS[:-1], 0)
+        self.revenue[window] = Fraction(0)
+        self.count[window] = 0
+        if window == LONG_WINDOW:
+            self.latest = None
+
+    def finalize(self, item_id: str, open_tiles: Iterable[Mapping[str, Any]], as_of: datetime, *,
+                 slide_seconds: int) -> dict[str, Any]:
+        """:func:`finalize_item` over the base's tiles plus ``open_tiles`` (those after it)."""
+        current = tile_of(as_of, slide_seconds)
+        sums: dict[str, Any] = {}
+        revenue = dict(self.revenue)
+        latest = self.latest
+        for w in WINDOW_SECONDS:
+            for name in ITEM_SUMS[:-1]:
+                sums[f"{name}_{w}"] = self.sums[w][name]
+        for t in open_tiles:
+            start = int(t["tile_start"])
+            for w in WINDOW_SECONDS:
+                if in_window(start, current, w):
+                    for name in ITEM_SUMS[:-1]:
+                        sums[f"{name}_{w}"] += int(t[name])
+                    revenue[w] += Fraction(float(t["revenue"]))
+                    if w == LONG_WINDOW:
+                        latest = _later(latest, _latest_category([t]))
+        for w in WINDOW_SECONDS:
+            sums[f"revenue_{w}"] = float(revenue[w])
+        return _item_row(item_id, sums, latest, as_of)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({
+            "r": {w: list(r) for w, r in self.ranges.items()},
+            "s": self.sums, "n": self.count,
+            "v": {w: [str(f.numerator), str(f.denominator)] for w, f in self.revenue.items()},
+            "c": list(self.latest) if self.latest else None,
+        })
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> ItemBase:
+        doc = orjson.loads(raw)
+        base = cls({w: (int(r[0]), int(r[1])) for w, r in doc["r"].items()})
+        base.sums = {w: {k: int(v) for k, v in s.items()} for w, s in doc["s"].items()}
+        base.count = {w: int(n) for w, n in doc["n"].items()}
+        base.revenue = {w: Fraction(int(p), int(q)) for w, (p, q) in doc["v"].items()}
+        base.latest = (int(doc["c"][0]), doc["c"][1]) if doc["c"] else None
+        return base
 
 
 def sales_units(sales: Iterable[Mapping[str, Any]], current: int

@@ -170,19 +170,27 @@ def test_a_replayed_batch_changes_nothing(
             assert compare_values(spec, online, spec.decode(encoded)) == [], row[spec.join_key]
 
 
-def test_top_lists_over_a_day_of_batches_equal_a_recomputation(
+def test_items_and_top_lists_over_a_day_of_batches_equal_a_recomputation(
     make_settings: Callable[..., Settings], redis_client: Any, spark: Any,
 ) -> None:
-    """Batches 3 h apart over 30 h, each with events up to the allowed lateness before the
-    previous clock: after every batch the top lists (built from the closed-tile base plus
-    the open tiles) equal features.windows over every sales tile so far; tiles that left
-    the 24h window are gone, and a replayed top write changes nothing."""
+    """Batches over 32 h, the clock moving by minutes or by hours, each with events down
+    to the allowed lateness before the previous clock: after every batch the item features (a base over the closed tiles
+    plus the open ones) and the top lists equal features.windows over every event so far;
+    tiles that left the 24h window are gone, and a replayed top write changes nothing."""
     import json
 
-    from features.tiles import sales_tiles
-    from features.windows import finalize_top_items
+    from features.feast_layout import ITEM_STATS
+    from features.tiles import item_tiles, sales_tiles
+    from features.windows import finalize_item_features, finalize_top_items
     from pipelines.connections import redis_kwargs
-    from pipelines.stream_state import TileStore, sales_tile_key, top_base_key
+    from pipelines.stream_state import (
+        BASE_FIELD,
+        TileStore,
+        sales_tile_key,
+        tiles_key,
+        top_base_key,
+    )
+    from pipelines.verify import compare_values
 
     settings = make_settings()
     lateness_s = 600
@@ -190,6 +198,7 @@ def test_top_lists_over_a_day_of_batches_equal_a_recomputation(
                       long_window_seconds=86_400, ttl_seconds=7 * 86_400, top_n=4)
     everything: list[tuple] = []
     prev_clock_us: int | None = None
+    open_from: int | None = None
 
     def epoch_us(ts: datetime) -> int:
         return (ts - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
@@ -198,34 +207,53 @@ def test_top_lists_over_a_day_of_batches_equal_a_recomputation(
         return sorted((r["kind"], r["window"], r["category_id"] or "", r["region"] or "",
                        r["rank"], r["item_id"], round(r["score"], 9)) for r in frame)
 
-    for batch_id in range(10):
-        start = T0 + timedelta(hours=3 * batch_id)
+    # minutes the clock moves per batch: small steps move the bases tile by tile, jumps
+    # past a window's range refill it, and the last steps run past 24h of history
+    steps = [180, 7, 3, 180, 12, 1, 1200, 9, 2, 240, 30, 61]
+    for batch_id, step in enumerate(steps):
+        start, span_s = T0, step * 60
         if prev_clock_us is not None:  # the oldest an accepted event can be
             start = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(
                 microseconds=prev_clock_us - lateness_s * 1_000_000)
-        batch = _events(150, 100 + batch_id, start=start, span_s=3 * 3600)
+            span_s += lateness_s
+        batch = _events(150, 100 + batch_id, start=start, span_s=span_s)
         everything += batch
         clock_us = max(prev_clock_us or 0, max(epoch_us(e[2]) for e in batch))
-        store.apply(spark, spark.createDataFrame(batch, EVENT_SCHEMA), batch_id=batch_id,
-                    as_of_us=clock_us)
         open_from = (None if prev_clock_us is None
                      else store.tile_of(prev_clock_us - lateness_s * 1_000_000))
+        store.apply(spark, spark.createDataFrame(batch, EVENT_SCHEMA), batch_id=batch_id,
+                    as_of_us=clock_us, open_from=open_from)
         got = store.write_top(spark, batch_id=batch_id, as_of_us=clock_us, emit=True,
                               open_from=open_from)
         clock = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=clock_us)
-        expected = finalize_top_items(
-            sales_tiles(spark.createDataFrame(everything, EVENT_SCHEMA), slide_seconds=60),
-            clock, slide_seconds=60, top_n=4).collect()
+        every = spark.createDataFrame(everything, EVENT_SCHEMA)
+        expected = finalize_top_items(sales_tiles(every, slide_seconds=60), clock,
+                                      slide_seconds=60, top_n=4).collect()
         assert expected, batch_id
         assert rows_of([json.loads(v) for _, v in got.collect()]) == rows_of(
             [r.asDict() for r in expected]), f"batch {batch_id}"
         got.unpersist()
+        items = finalize_item_features(item_tiles(every, slide_seconds=60), clock,
+                                       slide_seconds=60).collect()
+        assert len(items) == 6, batch_id
+        for row in items:
+            online = ITEM_STATS.decode(redis_client.hgetall(ITEM_STATS.redis_key(row["item_id"])))
+            _, encoded = ITEM_STATS.encode(row.asDict())
+            assert compare_values(ITEM_STATS, online, ITEM_STATS.decode(encoded)) == [], (
+                batch_id, row["item_id"])
+        if batch_id > 0:
+            assert redis_client.hexists(tiles_key("item", "i0"), BASE_FIELD), batch_id
         prev_clock_us = clock_us
 
+    assert prev_clock_us is not None
     first_kept = store.tile_of(prev_clock_us) - 86_400 + 60
+    item_tiles_left = [int(f) for f in redis_client.hkeys(tiles_key("item", "i0"))
+                       if not f.startswith(b"_")]
+    assert item_tiles_left and min(item_tiles_left) >= first_kept, sorted(item_tiles_left)[:5]
     per_tile = [int(k.decode().rsplit(":", 1)[1])
                 for k in redis_client.scan_iter(sales_tile_key(0).rsplit(":", 1)[0] + ":*")]
     assert per_tile and min(per_tile) >= first_kept, sorted(per_tile)[:5]
     base = redis_client.hgetall(top_base_key())
-    store.write_top(spark, batch_id=9, as_of_us=prev_clock_us, open_from=open_from)  # a replay
+    store.write_top(spark, batch_id=len(steps) - 1, as_of_us=prev_clock_us,
+                    open_from=open_from)  # a replay
     assert redis_client.hgetall(top_base_key()) == base

@@ -129,3 +129,64 @@ def test_tiles_stored_before_last_purchased_existed_count_as_no_purchases() -> N
     merged = pyf.merge_user(old, dict(old, last_purchased=[{"event_us": 1, "item_id": "x"}]),
                             last_items_n=3)
     assert [e["item_id"] for e in merged["last_purchased"]] == ["x"]
+
+
+def test_an_item_base_moved_tile_by_tile_finalizes_like_all_tiles() -> None:
+    """A day and a half of minute tiles, the clock moving forward in uneven steps: the
+    base (closed tiles, moved by adding and removing) plus the open tiles gives
+    finalize_item's values at every step -- also once every tile has left a window,
+    where the sums must be exactly zero and the category gone."""
+    import random
+
+    rnd = random.Random(7)
+    slide, lateness = 60, 10
+    start = TILE - 36 * 3600
+    tiles = {}
+    for k in range(36 * 60):
+        if rnd.random() < 0.6 or k < 5:
+            t = start + k * slide
+            tiles[t] = {"tile_start": t, "category_id": f"c{rnd.randrange(3)}",
+                        "category_us": t * 1_000_000 + rnd.randrange(59_000_000),
+                        "views": rnd.randrange(9), "carts": rnd.randrange(3),
+                        "purchases": rnd.randrange(2), "units": rnd.randrange(4),
+                        "revenue": rnd.choice((0.1, 0.2, 19.99, 1e6 / 3))}
+    windows = {w: s // slide for w, s in pyf.WINDOW_SECONDS.items()}
+    base: pyf.ItemBase | None = None
+    current = start + 20 * slide
+    steps = 0
+    while current <= start + 36 * 3600 + 30 * 3600:  # runs on a day past the last tile
+        open_from = current - lateness * slide
+        ranges = {w: (current - n * slide + slide, max(current - n * slide + slide, open_from))
+                  for w, n in windows.items()}
+        if base is None:
+            base = pyf.ItemBase(ranges)
+            for w, (a, b) in ranges.items():
+                for t in range(a, b, slide):
+                    if t in tiles:
+                        base.add(w, tiles[t])
+        else:
+            for w, (a2, b2) in ranges.items():
+                a, b = base.ranges[w]
+                for t in range(max(b, a2), b2, slide):
+                    if t in tiles:
+                        base.add(w, tiles[t])
+                for t in range(a, min(a2, b), slide):
+                    if t in tiles:
+                        base.remove(w, tiles[t])
+            base.ranges = ranges
+        base = pyf.ItemBase.from_json(base.to_json())  # stored between batches
+        as_of = pyf.from_us(current * 1_000_000 + 5)
+        end_long = ranges[pyf.LONG_WINDOW][1]
+        open_tiles = [tiles[t] for t in range(end_long, current + slide, slide) if t in tiles]
+        got = base.finalize("i", open_tiles, as_of, slide_seconds=slide)
+        want = pyf.finalize_item("i", tiles.values(), as_of, slide_seconds=slide)
+        assert got.keys() == want.keys()
+        for name, value in want.items():
+            if isinstance(value, float):
+                assert got[name] == pytest.approx(value, rel=1e-12, abs=1e-9), (current, name)
+            else:
+                assert got[name] == value, (current, name)
+        current += slide * rnd.choice((1, 1, 2, 7, 61))
+        steps += 1
+    assert steps > 100
+    assert got["views_24h"] == 0 and got["revenue_24h"] == 0.0 and got["category_id"] is None
