@@ -13,7 +13,8 @@ reads the same record and so makes the same decisions.
 (:mod:`features.tiles`); the stream keeps each entity's tiles in Redis::
 
     ss:v1:tiles:user:{user_id}               HASH  "{tile_start}" -> tile JSON, "_b" -> batch id
-    ss:v1:tiles:item:{item_id}               HASH  "{tile_start}" -> tile JSON, "_b" -> batch id
+    ss:v1:tiles:item:{item_id}               HASH  "{tile_start}" -> tile JSON, "_b" -> batch id,
+                                                   "_base" -> sums over the closed tiles
     ss:v1:tiles:sales:{item}|{cat}|{region}  HASH  "{tile_start}" -> tile JSON, "_b" -> batch id
     ss:v1:tiles:sales-by-tile:{tile_start}   HASH  "{item}|{cat}|{region}" -> [item, cat, region, units]
     ss:v1:stream:top-base                    HASH  units of the closed tiles per window (below)
@@ -25,7 +26,11 @@ of all three kinds are computed in one aggregation
 and handed to Python as Arrow batches (``mapInArrow``), and each executor
 task, for its keys, pipelined by chunks:
 
-1. reads the stored tiles of its keys (one ``HGETALL`` each) with their ``_b`` marker;
+1. reads the stored tiles of its keys with their ``_b`` marker: users and sales
+   keys all of them (one ``HGETALL`` each); items, once a previous clock is known,
+   their ``_base`` (:class:`pipelines.streaming.pyfeatures.ItemBase`: sums over
+   the closed tiles, see the top lists below) and open tiles, then the tiles the
+   base moves over since its last batch (two ``HMGET``);
 2. merges this batch's tiles in (:mod:`pipelines.streaming.pyfeatures`: sums, set
    unions, latest-wins) unless the marker says the batch is in already (a replay
    after a crash);
