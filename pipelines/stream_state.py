@@ -392,8 +392,7 @@ def _rebuilt(tiles: Mapping[int, Mapping[str, Any]], ranges: Mapping[str, tuple[
              ) -> pyf.ItemBase:
     base = pyf.ItemBase(ranges)
     for w, (a, b) in ranges.items():
-        for start in sorted(t for t in tiles if a <= t < b):
-            base.add(w, tiles[start])
+        base.add_all(w, [tiles[start] for start in sorted(t for t in tiles if a <= t < b)])
     return base
 
 

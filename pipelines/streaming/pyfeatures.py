@@ -22,6 +22,7 @@ Pure: no I/O, no Spark.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
@@ -311,9 +312,9 @@ class ItemBase:
     The stream moves it forward tile by tile (:meth:`add` the tiles that closed,
     :meth:`remove` those that left a window) instead of summing up to 1,440 tiles
     per item and batch. Integers are exact; revenue is kept as an exact fraction
-    of the doubles added and removed, so subtracting never leaves rounding residue
-    (its value is the exactly rounded sum, within the verifier's 1e-9 of any
-    summation order). The latest category is only needed over the long window:
+    of the doubles added and removed (a rebuild starts from their exactly rounded
+    ``fsum``), so subtracting leaves no drift, and an emptied window is exactly 0;
+    its value is within the verifier's 1e-9 of any summation order. The latest category is only needed over the long window:
     tiles cover disjoint times, so the tile holding it is the last of the range
     to leave, and the range is then empty.
     """
@@ -331,11 +332,26 @@ class ItemBase:
             sums[name] += sign * int(tile[name])
         self.revenue[window] += sign * Fraction(float(tile["revenue"]))
         self.count[window] += sign
+        if self.count[window] == 0:
+            self.revenue[window] = Fraction(0)
         if window == LONG_WINDOW:
             if sign > 0:
                 self.latest = _later(self.latest, _latest_category([tile]))
             elif self.count[window] == 0:
                 self.latest = None
+
+    def add_all(self, window: str, tiles: list[Mapping[str, Any]]) -> None:
+        """:meth:`add` of many tiles at once (a rebuild): revenue through ``math.fsum``,
+        exactly rounded, one fraction per window instead of one per tile."""
+        if not tiles:
+            return
+        sums = self.sums[window]
+        for name in ITEM_SUMS[:-1]:
+            sums[name] += sum(int(t[name]) for t in tiles)
+        self.revenue[window] += Fraction(math.fsum(float(t["revenue"]) for t in tiles))
+        self.count[window] += len(tiles)
+        if window == LONG_WINDOW:
+            self.latest = _later(self.latest, _latest_category(tiles))
 
     def remove(self, window: str, tile: Mapping[str, Any]) -> None:
         self.add(window, tile, -1)

@@ -161,9 +161,7 @@ def test_an_item_base_moved_tile_by_tile_finalizes_like_all_tiles() -> None:
         if base is None:
             base = pyf.ItemBase(ranges)
             for w, (a, b) in ranges.items():
-                for t in range(a, b, slide):
-                    if t in tiles:
-                        base.add(w, tiles[t])
+                base.add_all(w, [tiles[t] for t in range(a, b, slide) if t in tiles])
         else:
             for w, (a2, b2) in ranges.items():
                 a, b = base.ranges[w]
