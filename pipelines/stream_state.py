@@ -365,18 +365,19 @@ def _item_reads(cfg: PassConfig) -> tuple[dict[str, tuple[int, int]], list[int]]
     return ranges, list(_tile_range(end_long, cfg.current + cfg.slide, cfg.slide))
 
 
-def _moves(base: pyf.ItemBase | None, ranges: Mapping[str, tuple[int, int]], slide: int
-           ) -> tuple[dict[str, list[int]], dict[str, list[int]], set[str]] | None:
-    """Tiles to add to and remove from each window of ``base`` to reach ``ranges``, and
-    the windows to empty first (their old range is behind the new one: add it all);
-    ``None`` when it must be rebuilt from every tile (none yet, or a range moved back)."""
-    if base is None:
+def _moves(old: Mapping[str, tuple[int, int]] | None, ranges: Mapping[str, tuple[int, int]],
+           slide: int) -> tuple[dict[str, list[int]], dict[str, list[int]], set[str]] | None:
+    """How a base (item or top lists) covering ``old`` moves to ``ranges``: the tiles to
+    add to and remove from each window, and the windows to empty first (their old range
+    is behind the new one: add it all); ``None`` when it must be rebuilt from every
+    tile (none yet, or a range moved back, as after a checkpoint reset)."""
+    if old is None:
         return None
     add: dict[str, list[int]] = {}
     sub: dict[str, list[int]] = {}
     reset: set[str] = set()
     for w, (a2, b2) in ranges.items():
-        a, b = base.ranges.get(w, (0, 0))
+        a, b = old.get(w, (0, 0))
         if a2 < a or b2 < b:
             return None
         if a2 >= b:
@@ -420,8 +421,7 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
             with client.pipeline(transaction=False) as pipe:
                 for ((kind, key), _), item in zip(chunk, based, strict=True):
                     if item:
-                        pipe.hmget(tiles_key(kind, key), [*_META_FIELDS[:2],
-                                                          *map(str, open_starts)])
+                        pipe.hmget(tiles_key(kind, key), [*_META_FIELDS, *map(str, open_starts)])
                     else:
                         pipe.hgetall(tiles_key(kind, key))
                 stored = pipe.execute()
@@ -435,7 +435,7 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
                     values = stored[i]
                     raw_base = values[1]
                     base = pyf.ItemBase.from_json(raw_base) if raw_base is not None else None
-                    plan = _moves(base, ranges, cfg.slide)
+                    plan = _moves(base.ranges if base is not None else None, ranges, cfg.slide)
                     bases[i], plans[i] = base, plan
                     if plan is None:
                         pipe.hgetall(tiles_key(kind, key))
@@ -555,8 +555,6 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
         client.close()
 
 
-SalesEntry = list[Any]
-"""``[item, category, region, units]``: one sales key's units in one tile."""
 _RANGE_FIELD = b"_range"
 
 
@@ -572,26 +570,6 @@ def _windows_of_base(cfg: PassConfig) -> dict[str, tuple[int, int]]:
 
 def _tile_range(start: int, end: int, slide: int) -> range:
     return range(start, end, slide) if end > start else range(0)
-
-
-def _advance(units: dict[str, list[Any]], old: Mapping[str, tuple[int, int]] | None,
-             new: Mapping[str, tuple[int, int]], slide: int
-             ) -> tuple[dict[str, list[int]], dict[str, list[int]], list[int]]:
-    """Which tiles to add to and subtract from each window of the base (tile starts), and
-    which tiles to read; a window whose old range does not overlap the new one (a
-    first run, a long stop, a reset checkpoint) is rebuilt from zero."""
-    add: dict[str, list[int]] = {}
-    sub: dict[str, list[int]] = {}
-    for w, (a2, b2) in new.items():
-        a, b = old[w] if old is not None and w in old else (0, 0)
-        if old is None or w not in old or a2 < a or b2 < b or a2 >= b:
-            for entry in units.values():
-                entry[3][w] = 0
-            add[w], sub[w] = list(_tile_range(a2, b2, slide)), []
-        else:
-            add[w] = list(_tile_range(max(b, a2), b2, slide))
-            sub[w] = list(_tile_range(a, min(a2, b), slide))
-    return add, sub, sorted({t for w in new for t in (*add[w], *sub[w])})
 
 
 def _apply_tile(units: dict[str, list[Any]], entries: Mapping[bytes, bytes], window: str,
@@ -630,7 +608,15 @@ def top_partition(_: Iterator[Any], *, cfg: PassConfig, top_n: int) -> Iterator[
             item, cat, region, per_window = orjson.loads(value)
             units[field.decode("utf-8")] = [item, cat, region, per_window]
         new = _windows_of_base(cfg)
-        add, sub, changed = _advance(units, old, new, cfg.slide)
+        plan = _moves(old, new, cfg.slide)
+        if plan is None:  # no base yet, or one from a range moved back: from zero
+            plan = ({w: list(_tile_range(a, b, cfg.slide)) for w, (a, b) in new.items()},
+                    {w: [] for w in new}, set(new))
+        add, sub, reset = plan
+        for entry in units.values():
+            for w in reset:
+                entry[3][w] = 0
+        changed = sorted({t for w in new for t in (*add[w], *sub[w])})
         open_tiles = {w: list(_tile_range(end, cfg.current + cfg.slide, cfg.slide))
                       for w, (_, end) in new.items()}
         wanted = sorted({*changed, *(t for ts in open_tiles.values() for t in ts)})
@@ -645,7 +631,7 @@ def top_partition(_: Iterator[Any], *, cfg: PassConfig, top_n: int) -> Iterator[
                 for start in sub[w]:
                     _apply_tile(units, tiles[start], w, -1)
             units = {k: e for k, e in units.items() if any(e[3].values())}
-            left = [t for t in sub[pyf.LONG_WINDOW]] if old is not None else []
+            left = sub[pyf.LONG_WINDOW]  # tiles that left the 24h window
             with client.pipeline(transaction=True) as tx:
                 tx.delete(top_base_key())
                 tx.hset(top_base_key(), mapping={
