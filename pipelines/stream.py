@@ -253,6 +253,39 @@ def is_redis_outage(exc: BaseException) -> bool:
 
 
 # ----------------------------------------------------------- foreachBatch
+@dataclass(frozen=True)
+class _BatchColumns:
+    """Column expressions of :class:`BatchProcessor`'s late split and batch figures."""
+
+    checked: tuple[Any, ...]
+    figures: tuple[Any, ...]
+    on_time: Any
+
+    @classmethod
+    def build(cls) -> _BatchColumns:
+        from pyspark.sql import functions as F
+
+        valid = F.col("reason").isNull()
+        is_late = valid & (F.unix_micros("event_time") < F.col("_late_cut"))
+        late = F.col("_late")
+        on_time = valid & ~late
+        et = F.when(on_time, F.unix_micros("event_time"))
+        return cls(
+            checked=(*_BATCH_COLUMNS, is_late.alias("_late")),
+            figures=(
+                F.count(F.lit(1)).alias("rows"),
+                F.sum(F.when(~valid, 1).otherwise(0)).alias("invalid"),
+                F.sum(F.when(late, 1).otherwise(0)).alias("late"),
+                F.sum(F.when(on_time & (F.col("event_type") == "purchase"), 1).otherwise(0)).alias(
+                    "purchases"),
+                F.max(et).alias("max_us"),
+                F.min(et).alias("min_us"),
+                F.percentile_approx(et, [0.01, 0.5], 1000).alias("pct_us"),
+            ),
+            on_time=F.col("reason").isNull() & ~F.col("_late"),
+        )
+
+
 @dataclass
 class BatchProcessor:
     """The ``foreachBatch`` function: clock, late split, sinks, metrics (runs on the driver).
@@ -267,12 +300,21 @@ class BatchProcessor:
     snapshots: bool = True
     _batch_log: BatchLog | None = field(default=None, init=False, repr=False)
     _online: Any = field(default=None, init=False, repr=False)
+    _cols: _BatchColumns | None = field(default=None, init=False, repr=False)
 
     def _log(self, spark: SparkSession) -> BatchLog:
         if self._batch_log is None:
             self._batch_log = BatchLog(spark, self.checkpoint,
                                        retain=self.settings.stream_batch_log_retain)
         return self._batch_log
+
+    def _columns(self) -> _BatchColumns:
+        """The batch's column expressions, built once per processor: they do not change
+        from batch to batch (the late cut arrives as data), and building them is a
+        round trip into the JVM each."""
+        if self._cols is None:
+            self._cols = _BatchColumns.build()
+        return self._cols
 
     def _online_writer(self) -> Any:
         if self._online is None:
@@ -326,25 +368,12 @@ class BatchProcessor:
         # lineage, so the many small plans below stay cheap to analyze.
         # The threshold arrives through a one-row broadcast, not as a literal: the
         # generated code of this stage stays the same from batch to batch (compiled once).
-        valid = F.col("reason").isNull()
         cut = -(2**63) if prev_clock is None else prev_clock - lateness_us
         threshold = F.broadcast(spark.range(1).select(F.lit(cut).alias("_late_cut")))
-        is_late = valid & (F.unix_micros("event_time") < F.col("_late_cut"))
-        late = F.col("_late")
-        on_time = valid & ~late
-        et = F.when(on_time, F.unix_micros("event_time"))
+        cols = self._columns()
         observation = Observation("shopstream_batch")  # a fixed name: generated code is reused
-        checked = batch.crossJoin(threshold).select(*_BATCH_COLUMNS, is_late.alias("_late")).observe(
-            observation,
-            F.count(F.lit(1)).alias("rows"),
-            F.sum(F.when(~valid, 1).otherwise(0)).alias("invalid"),
-            F.sum(F.when(late, 1).otherwise(0)).alias("late"),
-            F.sum(F.when(on_time & (F.col("event_type") == "purchase"), 1).otherwise(0)).alias(
-                "purchases"),
-            F.max(et).alias("max_us"),
-            F.min(et).alias("min_us"),
-            F.percentile_approx(et, [0.01, 0.5], 1000).alias("pct_us"),
-        ).localCheckpoint(eager=True)
+        checked = batch.crossJoin(threshold).select(*cols.checked).observe(
+            observation, *cols.figures).localCheckpoint(eager=True)
         stats = observation.get
         rows = int(stats.get("rows") or 0)
         invalid = int(stats.get("invalid") or 0)
@@ -356,10 +385,9 @@ class BatchProcessor:
         snapshot_tile = previous.snapshot_tile if previous else None
 
         online_done: float | None = None
-        on_time_col = F.col("reason").isNull() & ~F.col("_late")
         try:
             if rows:
-                events = checked.where(on_time_col).select(*_EVENT_COLUMNS)
+                events = checked.where(cols.on_time).select(*_EVENT_COLUMNS)
                 # c. the Parquet sinks run beside the online path (independent jobs),
                 # each batch replacing its own files on a replay
                 with ThreadPoolExecutor(max_workers=2, thread_name_prefix="sink") as pool:
@@ -370,7 +398,7 @@ class BatchProcessor:
                     if invalid or n_late:
                         sinks.append(pool.submit(
                             _inheriting(spark, write_quarantine_batch),
-                            quarantine_rows(checked.where(~on_time_col)), self.settings, batch_id))
+                            quarantine_rows(checked.where(~cols.on_time)), self.settings, batch_id))
                     # b. online: tiles -> features -> Redis (the latency-sensitive path)
                     if self.online and clock is not None:
                         tile_before = snapshot_tile
