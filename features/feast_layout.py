@@ -49,7 +49,6 @@ from types import ModuleType
 from typing import Any, Literal
 
 import mmh3
-from google.protobuf.timestamp_pb2 import Timestamp
 
 _FEAST_VALUE_MODULE = "feast.protos.feast.types.Value_pb2"
 
@@ -137,11 +136,43 @@ def _aware(ts: datetime) -> datetime:
     return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts
 
 
+def _varint(value: int) -> bytes:
+    """A protobuf varint (negative int64 as its 64-bit two's complement, 10 bytes)."""
+    value &= 0xFFFF_FFFF_FFFF_FFFF
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+# Wire-format tags (field number << 3 | wire type) of the Value fields written by hand
+# below; tests/unit/test_features_feast_layout.py checks the bytes against protobuf's.
+_TAG_STRING = b"\x12"  # string_val = 2, length-delimited
+_TAG_INT64 = b"\x20"  # int64_val = 4, varint
+_TAG_DOUBLE = b"\x29"  # double_val = 5, 64-bit
+_TAG_UNIX_TS = b"\x40"  # unix_timestamp_val = 8, varint
+_SMALL_INT64 = tuple(_TAG_INT64 + _varint(i) for i in range(4096))
+_DOUBLE = struct.Struct("<d")
+_EMPTY_VALUE = b""
+
+
 def encode_timestamp(ts: datetime) -> bytes:
-    """A serialized ``google.protobuf.Timestamp`` (naive datetimes are UTC)."""
-    proto = Timestamp()
-    proto.FromDatetime(_aware(ts))
-    return proto.SerializeToString()
+    """A serialized ``google.protobuf.Timestamp`` (naive datetimes are UTC).
+
+    Written by hand (seconds and nanos, zero fields left out as proto3 does):
+    the stream encodes one per entity and micro-batch, and the message object
+    cost more than the rest of the row.
+    """
+    delta = _aware(ts) - _EPOCH
+    seconds = delta.days * 86_400 + delta.seconds
+    nanos = delta.microseconds * 1000
+    return ((b"\x08" + _varint(seconds) if seconds else b"")
+            + (b"\x10" + _varint(nanos) if nanos else b""))
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _epoch_seconds(value: Any) -> int:
@@ -151,20 +182,26 @@ def _epoch_seconds(value: Any) -> int:
 
 
 def encode_value(kind: FeatureKind, value: Any) -> bytes:
-    """One feature value as Feast's serialized ``Value`` proto (``None`` -> empty Value)."""
+    """One feature value as Feast's serialized ``Value`` proto (``None`` -> empty Value).
+
+    Scalars are written in the wire format directly (what ``SerializeToString``
+    returns, byte for byte); lists go through the message class.
+    """
     if value is None:
         if kind == "timestamp":
-            return ValueProto(unix_timestamp_val=NULL_TIMESTAMP).SerializeToString()
-        return ValueProto().SerializeToString()
+            return _TAG_UNIX_TS + _varint(NULL_TIMESTAMP)
+        return _EMPTY_VALUE
     if kind == "int64":
-        proto = ValueProto(int64_val=int(value))
-    elif kind == "double":
-        proto = ValueProto(double_val=float(value))
-    elif kind == "string":
-        proto = ValueProto(string_val=str(value))
-    elif kind == "timestamp":
-        proto = ValueProto(unix_timestamp_val=_epoch_seconds(value))
-    elif kind == "string_list":
+        number = int(value)
+        return _SMALL_INT64[number] if 0 <= number < 4096 else _TAG_INT64 + _varint(number)
+    if kind == "double":
+        return _TAG_DOUBLE + _DOUBLE.pack(float(value))
+    if kind == "string":
+        data = str(value).encode("utf-8")
+        return _TAG_STRING + _varint(len(data)) + data
+    if kind == "timestamp":
+        return _TAG_UNIX_TS + _varint(_epoch_seconds(value))
+    if kind == "string_list":
         proto = ValueProto(string_list_val=StringList(val=["" if v is None else str(v)
                                                            for v in value]))
     elif kind == "double_list":

@@ -137,3 +137,33 @@ def test_layout_protos_are_feasts_own_classes_when_feast_is_imported_later() -> 
             "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_scalar_fast_paths_equal_protobuf_bytes() -> None:
+    """Scalars are written in the wire format by hand; protobuf must agree byte for byte."""
+    import random
+
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    from features.feast_layout import encode_timestamp
+
+    rnd = random.Random(7)
+    ints = [0, 1, 127, 128, 4095, 4096, -1, -(2**63), 2**63 - 1,
+            *(rnd.randrange(-(2**63), 2**63) for _ in range(300))]
+    for v in ints:
+        assert encode_value("int64", v) == Value(int64_val=v).SerializeToString(), v
+    doubles = [0.0, -0.0, float("inf"), float("-inf"), 5e-324, 1.7976931348623157e308,
+               *(rnd.uniform(-1e9, 1e9) for _ in range(300))]
+    for d in doubles:
+        assert encode_value("double", d) == Value(double_val=d).SerializeToString(), d
+    for text in ["", "a", "é" * 100, "x" * 300, "\u2603|c1"]:
+        assert encode_value("string", text) == Value(string_val=text).SerializeToString()
+    for when in [datetime(1970, 1, 1, tzinfo=UTC), datetime(1969, 12, 31, 23, 59, 59, 5, tzinfo=UTC),
+                 datetime(2024, 3, 10, 12, 0, 7, 123456, tzinfo=UTC), datetime(2024, 3, 10),
+                 *(datetime.fromtimestamp(rnd.uniform(-1e9, 4e9), tz=UTC) for _ in range(300))]:
+        proto = Timestamp()
+        proto.FromDatetime(when if when.tzinfo else when.replace(tzinfo=UTC))
+        assert encode_timestamp(when) == proto.SerializeToString(), when
+        seconds = int((when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp())
+        assert encode_value("timestamp", when) == Value(
+            unix_timestamp_val=seconds).SerializeToString()
