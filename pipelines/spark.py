@@ -7,15 +7,16 @@ locally the default is ``local[2]`` with few shuffle partitions, sized for a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib.resources import files
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipelines.settings import Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["spark_session"]
+__all__ = ["spark_session", "inheriting"]
 
 
 def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bool = True) -> SparkSession:
@@ -53,3 +54,16 @@ def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bo
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(settings.spark_log_level)
     return session
+
+
+def inheriting(spark: SparkSession, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run in another thread with this thread's Spark local properties (job group,
+    query id: stopping the query cancels its jobs), as ``pyspark.InheritableThread`` does."""
+    jsc = spark.sparkContext._jsc.sc()  # type: ignore[union-attr]
+    properties = jsc.getLocalProperties().clone()
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        jsc.setLocalProperties(properties)
+        return fn(*args, **kwargs)
+
+    return run

@@ -52,6 +52,7 @@ from features.events import Reason
 from features.validation import QUARANTINE_COLUMNS, with_verdict
 from pipelines import offline_store
 from pipelines.settings import Settings
+from pipelines.spark import inheriting
 from pipelines.stream_metrics import BatchStats, MetricsRecorder, ProgressListener
 from pipelines.stream_state import BatchLog, BatchRecord, release
 
@@ -223,19 +224,6 @@ def quarantine_rows(checked: DataFrame) -> DataFrame:
     ).select(*QUARANTINE_COLUMNS)
 
 
-def _inheriting(spark: SparkSession, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` run in another thread with this thread's Spark local properties (job group,
-    query id: stopping the query cancels its jobs), as ``pyspark.InheritableThread`` does."""
-    jsc = spark.sparkContext._jsc.sc()  # type: ignore[union-attr]
-    properties = jsc.getLocalProperties().clone()
-
-    def run(*args: Any, **kwargs: Any) -> Any:
-        jsc.setLocalProperties(properties)
-        return fn(*args, **kwargs)
-
-    return run
-
-
 _REDIS_OUTAGE_MARKERS = (
     "redis.exceptions.ConnectionError", "redis.exceptions.TimeoutError",
     "redis.exceptions.BusyLoadingError", "ConnectionRefusedError", "ConnectionResetError",
@@ -393,11 +381,11 @@ class BatchProcessor:
                 with ThreadPoolExecutor(max_workers=2, thread_name_prefix="sink") as pool:
                     sinks = []
                     if n_on_time:
-                        sinks.append(pool.submit(_inheriting(spark, write_events_batch), events,
+                        sinks.append(pool.submit(inheriting(spark, write_events_batch), events,
                                                  self.settings, batch_id))
                     if invalid or n_late:
                         sinks.append(pool.submit(
-                            _inheriting(spark, write_quarantine_batch),
+                            inheriting(spark, write_quarantine_batch),
                             quarantine_rows(checked.where(~cols.on_time)), self.settings, batch_id))
                     # b. online: tiles -> features -> Redis (the latency-sensitive path)
                     if self.online and clock is not None:

@@ -24,6 +24,7 @@ backfill's recomputation over the same events agree (``shopstream verify``).
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from features.feast_layout import ITEM_STATS, USER_ACTIVITY, ViewSpec
@@ -31,6 +32,7 @@ from features.windows import LONG_WINDOW, TOP_ITEM_COLUMNS, WINDOW_SECONDS
 from pipelines import offline_store
 from pipelines.connections import redis_kwargs
 from pipelines.settings import Settings
+from pipelines.spark import inheriting
 from pipelines.stream_state import ITEM, JSON_OPTIONS, USER, TileStore, release
 
 if TYPE_CHECKING:
@@ -114,37 +116,49 @@ class OnlineFeatures:
         emitted = self.store.apply(spark, events, batch_id=batch_id, as_of_us=as_of_us,
                                    extra_keys=extra, emit=due, open_from=open_from)
         top = None
+        # the snapshot's Parquet writes are small jobs that mostly wait (planning, task
+        # launch, commit): they run beside each other and beside the top-list task
+        pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="snapshot") if due else None
         try:
+            writes = []
+            snapshot = due and not (batch_log is not None and batch_log.marked("snapshot", batch_id))
+            if snapshot and pool is not None:
+                writes = [pool.submit(inheriting(spark, self._write_view), emitted, spec)
+                          for spec in (USER_ACTIVITY, ITEM_STATS)]
             if has_purchases or slid or due:
                 top = self.store.write_top(spark, batch_id=batch_id, as_of_us=as_of_us, emit=due,
                                            open_from=open_from)
+            if snapshot and pool is not None and top is not None:
+                writes.append(pool.submit(inheriting(spark, self._write_top), spark, top))
+            for write in writes:
+                write.result()
             if due:
-                self._snapshot(spark, emitted, top, batch_id, batch_log)
+                if snapshot and batch_log is not None:
+                    batch_log.mark("snapshot", batch_id)  # a replay of this batch skips it
                 snapshot_tile = current
         finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
             if emitted is not None:
                 release(emitted)
             if top is not None:
                 top.unpersist()
         return snapshot_tile
 
-    def _snapshot(self, spark: SparkSession, emitted: Any, top: Any, batch_id: int,
-                  batch_log: BatchLog | None) -> None:
-        """Append the snapshot rows; a replayed batch that finds its marker skips this."""
+    def _write_view(self, emitted: Any, spec: ViewSpec) -> None:
+        """Append one feature view's snapshot rows (the emitted ``(view, JSON)`` rows)."""
         from pyspark.sql import functions as F
 
-        if batch_log is not None and batch_log.marked("snapshot", batch_id):
-            return
-        for spec in (USER_ACTIVITY, ITEM_STATS):
-            frame = emitted.where(F.col("view") == spec.name).select(
-                F.from_json("value", view_schema(spec), JSON_OPTIONS).alias("r")).select("r.*")
-            offline_store.write_snapshots(frame.withColumn("created", F.current_timestamp()),
-                                          self.settings, spec.name)
-        if top is not None:
-            frame = spark.createDataFrame(top, "view string, value string").select(
-                F.from_json("value", _TOP_SCHEMA, JSON_OPTIONS).alias("r")).select("r.*")
-            frame = frame.withColumn("created", F.current_timestamp())
-            offline_store.write_snapshots(frame.select(*TOP_ITEM_COLUMNS), self.settings,
-                                          "top_items")
-        if batch_log is not None:
-            batch_log.mark("snapshot", batch_id)
+        frame = emitted.where(F.col("view") == spec.name).select(
+            F.from_json("value", view_schema(spec), JSON_OPTIONS).alias("r")).select("r.*")
+        offline_store.write_snapshots(frame.withColumn("created", F.current_timestamp()),
+                                      self.settings, spec.name)
+
+    def _write_top(self, spark: SparkSession, top: Any) -> None:
+        """Append the top lists' snapshot rows."""
+        from pyspark.sql import functions as F
+
+        frame = spark.createDataFrame(top, "view string, value string").select(
+            F.from_json("value", _TOP_SCHEMA, JSON_OPTIONS).alias("r")).select("r.*")
+        frame = frame.withColumn("created", F.current_timestamp())
+        offline_store.write_snapshots(frame.select(*TOP_ITEM_COLUMNS), self.settings, "top_items")
