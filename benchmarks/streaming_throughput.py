@@ -233,6 +233,40 @@ def _wait_for_clock(settings: Any, proc: subprocess.Popen[bytes], timeout_s: flo
     return False
 
 
+PROBE_TIMEOUT_S = 60.0
+"""How long a freshness probe waits for its item to be online before it counts as missed."""
+
+
+def probe_summary(latencies: list[float], sent: int,
+                  timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
+    """p50 / p99 / max of the probes, a missed probe counting as slower than ``timeout_s``.
+
+    A quantile that falls on a missed probe cannot be stated as a number: it is the
+    text ``"> 60"`` (the table shows it as is), never NaN and never the quantile of
+    the probes that happened to arrive.
+    """
+    ordered = sorted(latencies) + [float("inf")] * max(0, sent - len(latencies))
+
+    def pick(q: float) -> float | str | None:
+        if not ordered:
+            return None
+        value = ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+        return value if value != float("inf") else f"> {timeout_s:.0f}"
+
+    exact = summarize(latencies, elapsed_s=1.0) if len(latencies) == len(ordered) else None
+    return {
+        "probes": sent, "seen": len(latencies), "latencies": latencies,
+        "p50_s": exact.p50_ms / 1000 if exact and exact.count else pick(0.5),
+        "p99_s": exact.p99_ms / 1000 if exact and exact.count else pick(0.99),
+        "max_s": exact.max_ms / 1000 if exact and exact.count else pick(1.0),
+        "error": None,
+    }
+
+
+def _seconds(value: float | str | None) -> str:
+    return f"{value:.2f} s" if isinstance(value, float) else f"{value} s"
+
+
 def _freshness(settings: Any, spark: Any, mode: str, rate: float, probes: int,
                warmup_s: float = 10.0, budget_s: float | None = None) -> dict[str, Any]:
     from pipelines.stream import StreamOptions, run_stream
@@ -265,16 +299,13 @@ def _freshness(settings: Any, spark: Any, mode: str, rate: float, probes: int,
     sender = threading.Thread(target=_send_live, args=(settings, topic, rate, stop), daemon=True)
     sender.start()
     time.sleep(warmup_s)  # warm up: first batches, Python workers
-    latencies, sent = _probe(settings, topic, probes, 0.5, 60.0, budget_s)
+    latencies, sent = _probe(settings, topic, probes, 0.5, PROBE_TIMEOUT_S, budget_s)
     stop.set()
     sender.join()
     for query in queries:
         query.stop()
     runner.join(120)
-    summary = summarize(latencies, elapsed_s=1.0)
-    return {"probes": sent, "seen": summary.count, "latencies": latencies,
-            "p50_s": summary.p50_ms / 1000,
-            "p99_s": summary.p99_ms / 1000, "max_s": summary.max_ms / 1000, "error": None}
+    return probe_summary(latencies, sent)
 
 
 def _realtime_freshness(run_settings: Any, topic: str, rate: float, probes: int,
@@ -292,16 +323,13 @@ def _realtime_freshness(run_settings: Any, topic: str, rate: float, probes: int,
                              + (f" (exit {proc.returncode}: {' | '.join(tail)[:300]})"
                                 if proc.poll() is not None else "")}
         time.sleep(warmup_s)
-        latencies, sent = _probe(run_settings, topic, probes, 0.5, 60.0, budget_s)
+        latencies, sent = _probe(run_settings, topic, probes, 0.5, PROBE_TIMEOUT_S, budget_s)
     finally:
         stop.set()
         if sender.is_alive():
             sender.join()
         _stop_driver(proc)
-    summary = summarize(latencies, elapsed_s=1.0)
-    return {"probes": sent, "seen": summary.count, "latencies": latencies,
-            "p50_s": summary.p50_ms / 1000, "p99_s": summary.p99_ms / 1000,
-            "max_s": summary.max_ms / 1000, "error": None}
+    return probe_summary(latencies, sent)
 
 
 def main(argv: list[str] | None = None) -> BenchResult:
@@ -390,13 +418,13 @@ def main(argv: list[str] | None = None) -> BenchResult:
             fresh = _freshness(settings, spark, mode, args.rate, probes, args.warmup,
                                args.probe_budget)
             _say(f"freshness, {mode}: " + (f"could not run: {fresh['error']}" if fresh.get("error") else
-                 f"{fresh['seen']}/{fresh['probes']} seen, p50 {fresh['p50_s']:.2f} s, "
-                 f"p99 {fresh['p99_s']:.2f} s"))
+                 f"{fresh['seen']}/{fresh['probes']} seen, p50 {_seconds(fresh['p50_s'])}, "
+                 f"p99 {_seconds(fresh['p99_s'])}"))
             if not fresh.get("error") and fresh["probes"] < probes:
                 result.notes.append(
                     f"{mode}: {fresh['probes']} of {probes} probes sent within the "
                     f"{args.probe_budget:.0f} s probing budget (each waits until its item is "
-                    "online, up to 60 s: the mode lags at this rate)")
+                    f"online, up to {PROBE_TIMEOUT_S:.0f} s: the mode lags at this rate)")
             if fresh.get("latencies"):
                 freshness[mode] = fresh["latencies"]
             row = {"system": f"freshness, {mode}", "events": fresh.get("seen", 0),

@@ -1,0 +1,32 @@
+"""Freshness probe figures: a probe that never came online is slower than the timeout."""
+
+from __future__ import annotations
+
+import math
+
+from benchmarks.common import BenchResult
+from benchmarks.streaming_throughput import probe_summary
+
+
+def test_all_probes_seen_gives_numbers() -> None:
+    out = probe_summary([1.0, 2.0, 3.0], sent=3)
+    assert out["seen"] == 3 and out["probes"] == 3
+    assert out["p50_s"] == 2.0 and math.isclose(out["p99_s"], 2.98) and out["max_s"] == 3.0
+
+
+def test_no_probe_seen_is_over_the_timeout_not_nan() -> None:
+    out = probe_summary([], sent=5, timeout_s=60)
+    assert out["p50_s"] == "> 60" and out["p99_s"] == "> 60" and out["max_s"] == "> 60"
+
+
+def test_a_few_missed_probes_move_the_tail_only() -> None:
+    out = probe_summary([0.5] * 95, sent=100, timeout_s=60)
+    assert out["p50_s"] == 0.5
+    assert out["p99_s"] == "> 60"
+
+
+def test_the_table_prints_the_text_as_is() -> None:
+    result = BenchResult(name="x", title="x", rows=[{"system": "freshness", **{
+        k: v for k, v in probe_summary([], sent=2).items() if k.endswith("_s")}}])
+    table = result.markdown()
+    assert "> 60" in table and "nan" not in table
