@@ -269,11 +269,20 @@ def write_top_items(
     """
     lists: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
     as_of_ms: int | None = None
+    # tens of thousands of rows share a few hundred scopes and one timestamp: encode each once
+    scopes: dict[tuple[Any, Any], str] = {}
+    stamps: dict[Any, int] = {}
     for row in rows:
         r = _as_dict(row)
-        scope = online_keys.scope_for(r["category_id"], r["region"])
+        where = (r["category_id"], r["region"])
+        scope = scopes.get(where)
+        if scope is None:
+            scope = scopes[where] = online_keys.scope_for(*where)
         lists[(r["kind"], r["window"], scope)][str(r["item_id"])] = float(r["score"])
-        ms = _epoch_ms(r["event_timestamp"])
+        stamp = r["event_timestamp"]
+        ms = stamps.get(stamp)
+        if ms is None:
+            ms = stamps[stamp] = _epoch_ms(stamp)
         if as_of_ms is not None and ms != as_of_ms:
             raise ValueError("write_top_items takes the rows of a single as-of time")
         as_of_ms = ms

@@ -39,6 +39,7 @@ offline store follow it) and the Kafka / Redis addresses in the environment.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
@@ -311,6 +312,11 @@ class BatchProcessor:
             self._online = OnlineFeatures(self.settings)
         return self._online
 
+    def close(self) -> None:
+        """After the query stopped: let the last batch's top lists finish."""
+        if self._online is not None:
+            self._online.close()
+
     def _redis_retrying(self, batch_id: int, write: Callable[[], Any]) -> Any:
         """``write()``, again while Redis is unreachable, for ``stream_redis_outage_seconds``.
 
@@ -459,12 +465,18 @@ def ship_code(spark: SparkSession) -> str:
 
 
 def start_stream(spark: SparkSession, settings: Settings, options: StreamOptions,
-                 recorder: MetricsRecorder) -> StreamingQuery:
-    """Build and start the micro-batch query (returns at once)."""
+                 recorder: MetricsRecorder,
+                 processor: BatchProcessor | None = None) -> StreamingQuery:
+    """Build and start the micro-batch query (returns at once).
+
+    ``processor``: the ``foreachBatch`` function (default: a new one); the caller
+    :meth:`BatchProcessor.close` s it once the query has stopped.
+    """
     checkpoint = query_checkpoint(settings)
     records = checked_records(read_kafka(spark, settings), settings)
-    processor = BatchProcessor(settings, checkpoint, recorder, online=options.online,
-                               snapshots=options.snapshots)
+    if processor is None:
+        processor = BatchProcessor(settings, checkpoint, recorder, online=options.online,
+                                   snapshots=options.snapshots)
     writer = (
         records.writeStream.queryName(QUERY_NAME)
         .option("checkpointLocation", checkpoint)
@@ -521,14 +533,22 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
             options = StreamOptions(stop=options.stop, idle_seconds=options.idle_seconds,
                                     online=False, snapshots=False,
                                     timeout_seconds=options.timeout_seconds)
-        query = start_stream(spark, settings, options, recorder)
+        processor = BatchProcessor(settings, query_checkpoint(settings), recorder,
+                                   online=options.online, snapshots=options.snapshots)
+        query = start_stream(spark, settings, options, recorder, processor)
         log.info("stream %s started: topic %s, checkpoint %s, trigger %s", QUERY_NAME,
                  settings.kafka_topic_events, query_checkpoint(settings),
                  "availableNow" if options.stop == "available_now"
                  else f"{settings.stream_trigger_seconds}s")
         if on_started is not None:
             on_started(query)
-        _wait(query, options, extra=rtm)
+        try:
+            _wait(query, options, extra=rtm)
+        except BaseException:
+            with contextlib.suppress(Exception):  # the query's own failure is the one to report
+                processor.close()
+            raise
+        processor.close()
     finally:
         if stop_session:
             spark.stop()

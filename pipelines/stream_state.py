@@ -752,6 +752,17 @@ class TileStore:
             return None
         return out.localCheckpoint(eager=True)
 
+    def write_top_here(self, *, batch_id: int, as_of_us: int, open_from: int | None = None) -> None:
+        """:meth:`write_top` in the calling process (the driver), without a Spark job.
+
+        What the stream runs beside the next micro-batch: the work is a few hundred
+        Redis commands and a ranking in Python, which a one-task job only delays
+        (scheduling, a worker round trip).
+        """
+        cfg = self.config(batch_id, as_of_us, False, open_from)
+        for _ in top_partition(iter(()), cfg=cfg, top_n=self.top_n):
+            pass
+
     def write_top(self, spark: SparkSession, *, batch_id: int, as_of_us: int,
                   emit: bool = False, open_from: int | None = None) -> Any:
         """Recompute and replace every top list (one task); the rows RDD when ``emit``.

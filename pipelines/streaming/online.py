@@ -8,10 +8,13 @@ events and the event-time clock ``T`` after the batch:
    tile store in Redis idempotently per batch, and the touched users' and
    items' features as of ``T`` written in Feast's layout
    (:class:`pipelines.stream_state.TileStore`), with item metadata;
-2. when the batch had purchases or the window slid: one task recomputes the top
-   sellers and trending lists of every scope from a base over the window's closed
-   tiles plus its open ones (:func:`pipelines.stream_state.top_partition`) and
-   replaces them atomically (:func:`pipelines.online_writer.write_top_items`);
+2. when the batch had purchases or the window slid: the top sellers and trending
+   lists of every scope, recomputed from a base over the window's closed tiles
+   plus its open ones (:func:`pipelines.stream_state.top_partition`) and replaced
+   atomically (:func:`pipelines.online_writer.write_top_items`). This runs on the
+   driver beside the *next* micro-batch (:meth:`OnlineFeatures.finish_top`): it
+   was a third of a small batch's time, and the features of step 1, which the
+   batch's freshness is about, are written before it;
 3. when ``T`` entered a new tile (the slide cadence): the features as of ``T``
    of every entity touched since the previous snapshot, and the top lists, go to
    the offline store in the backfill's format (:func:`pipelines.offline_store.write_snapshots`).
@@ -24,7 +27,7 @@ backfill's recomputation over the same events agree (``shopstream verify``).
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from features.feast_layout import ITEM_STATS, USER_ACTIVITY, ViewSpec
@@ -76,6 +79,9 @@ class OnlineFeatures:
             ttl_seconds=settings.online_ttl_seconds,
             dirty_ttl_seconds=DIRTY_TTL_SECONDS,
         )
+        self._top_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="top-lists")
+        self._pending_top: Future[None] | None = None
+        self._top_redo = True  # a new process redoes the lists: a crash may have lost a run
 
     def apply(self, spark: SparkSession, events: DataFrame, *, batch_id: int, as_of_us: int,
               prev_as_of_us: int | None, has_events: bool, has_purchases: bool,
@@ -94,13 +100,14 @@ class OnlineFeatures:
         snapshot_tile
             Tile of the clock at the previous snapshot (``None``: none yet).
         """
+        force_top = self.finish_top()
         current = self.store.tile_of(as_of_us)
         prev_tile = self.store.tile_of(prev_as_of_us) if prev_as_of_us is not None else None
         slid = prev_tile != current
         due = snapshots and snapshot_tile is not None and current > snapshot_tile
         if snapshot_tile is None:
             snapshot_tile = current
-        if not has_events and not slid and not due:
+        if not has_events and not slid and not due and not force_top:
             return snapshot_tile
 
         extra = None
@@ -113,8 +120,10 @@ class OnlineFeatures:
         # final: no later batch accepts an event for them
         open_from = None if prev_as_of_us is None else self.store.tile_of(
             prev_as_of_us - self.settings.feature_allowed_lateness_seconds * 1_000_000)
-        emitted = self.store.apply(spark, events, batch_id=batch_id, as_of_us=as_of_us,
-                                   extra_keys=extra, emit=due, open_from=open_from)
+        emitted = None
+        if has_events or slid or due:
+            emitted = self.store.apply(spark, events, batch_id=batch_id, as_of_us=as_of_us,
+                                       extra_keys=extra, emit=due, open_from=open_from)
         top = None
         # the snapshot's Parquet writes are small jobs that mostly wait (planning, task
         # launch, commit): they run beside each other and beside the top-list task
@@ -125,9 +134,13 @@ class OnlineFeatures:
             if snapshot and pool is not None:
                 writes = [pool.submit(inheriting(spark, self._write_view), emitted, spec)
                           for spec in (USER_ACTIVITY, ITEM_STATS)]
-            if has_purchases or slid or due:
-                top = self.store.write_top(spark, batch_id=batch_id, as_of_us=as_of_us, emit=due,
+            if due:
+                top = self.store.write_top(spark, batch_id=batch_id, as_of_us=as_of_us, emit=True,
                                            open_from=open_from)
+            elif has_purchases or slid or force_top:
+                self._pending_top = self._top_pool.submit(
+                    self.store.write_top_here, batch_id=batch_id, as_of_us=as_of_us,
+                    open_from=open_from)
             if snapshot and pool is not None and top is not None:
                 writes.append(pool.submit(inheriting(spark, self._write_top), spark, top))
             for write in writes:
@@ -144,6 +157,39 @@ class OnlineFeatures:
             if top is not None:
                 top.unpersist()
         return snapshot_tile
+
+    def finish_top(self) -> bool:
+        """Wait for the top lists of the previous batch; True when they must be redone.
+
+        A batch's top lists (unless it writes a snapshot) are recomputed beside the
+        next micro-batch, one at a time: the item and user features, which the
+        batch's freshness is about, are in Redis before. The lists are a full
+        recomputation from the tiles (the base moves in one transaction), so a run
+        that was lost (a crash, Redis away for a moment) is simply redone: by the
+        first batch of a process, and by the batch after a failed run.
+        """
+        pending, self._pending_top = self._pending_top, None
+        if pending is None:
+            redo, self._top_redo = self._top_redo, False
+            return redo
+        try:
+            pending.result()
+        except Exception as exc:
+            from pipelines.stream import is_redis_outage
+
+            if not is_redis_outage(exc):
+                raise
+            log.warning("stream: the previous batch's top lists were not written (Redis "
+                        "unreachable: %s); this batch writes them", exc)
+            return True
+        return False
+
+    def close(self) -> None:
+        """Finish the pending top lists (the query stopped) and free the thread."""
+        try:
+            self.finish_top()
+        finally:
+            self._top_pool.shutdown(wait=True)
 
     def _write_view(self, emitted: Any, spec: ViewSpec) -> None:
         """Append one feature view's snapshot rows (the emitted ``(view, JSON)`` rows)."""

@@ -61,3 +61,35 @@ def test_other_errors_and_an_exhausted_budget_fail_at_once(tmp_path) -> None:
 
     with pytest.raises(redis.ConnectionError):
         _processor(tmp_path, 0)._redis_retrying(1, down)
+
+
+def _online(tmp_path):
+    from pipelines.streaming.online import OnlineFeatures
+
+    return OnlineFeatures(Settings(_env_file=None, data_dir=str(tmp_path)))
+
+
+def _fail(error: BaseException) -> None:
+    raise error
+
+
+def test_top_lists_are_redone_by_a_new_process_and_after_an_outage(tmp_path) -> None:
+    online = _online(tmp_path)
+    try:
+        assert online.finish_top() is True  # the first batch of a process: a crash may have lost a run
+        assert online.finish_top() is False
+        online._pending_top = online._top_pool.submit(lambda: None)
+        assert online.finish_top() is False
+        online._pending_top = online._top_pool.submit(
+            _fail, redis.ConnectionError("Error 111 connecting to 127.0.0.1:6399."))
+        assert online.finish_top() is True  # this batch writes them
+    finally:
+        online.close()
+
+
+def test_a_failed_top_run_that_is_not_an_outage_fails_the_batch(tmp_path) -> None:
+    online = _online(tmp_path)
+    online.finish_top()
+    online._pending_top = online._top_pool.submit(_fail, ValueError("corrupt top base"))
+    with pytest.raises(ValueError, match="corrupt top base"):
+        online.close()
