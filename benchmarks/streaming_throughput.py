@@ -145,13 +145,25 @@ def _send_live(settings: Any, topic: str, rate: float, stop: threading.Event) ->
     producer.close()
 
 
+PROBE_JITTER_S = 2.5
+"""Up to this much random pause between freshness probes (more than a micro-batch cycle)."""
+
+
 def _probe(settings: Any, topic: str, probes: int, gap_s: float, timeout_s: float,
            budget_s: float | None = None) -> tuple[list[float], int]:
     """Send one purchase of a fresh item at a time; time until Redis holds its features.
 
     Returns the latencies seen and the probes sent: none is sent once ``budget_s`` has
     passed (a mode that lags at this rate would otherwise take ``probes`` x its lag).
+
+    The pause before the next probe is ``gap_s`` plus a random part of up to
+    :data:`PROBE_JITTER_S`: with a fixed pause every probe left at the same point of
+    the micro-batch cycle (just after the batch that made the last one visible), and
+    the figures measured that point, not the cycle.
     """
+    import random
+
+    rnd = random.Random(11)
     from features.feast_layout import ITEM_STATS, timestamp_field
     from pipelines.connections import kafka_producer, redis_client
 
@@ -180,7 +192,7 @@ def _probe(settings: Any, topic: str, probes: int, gap_s: float, timeout_s: floa
                     latencies.append((datetime.now(UTC) - sent).total_seconds())
                     break
                 time.sleep(0.005)
-            time.sleep(gap_s)
+            time.sleep(gap_s + rnd.uniform(0.0, PROBE_JITTER_S))
     finally:
         producer.close()
         client.close()
