@@ -27,6 +27,7 @@ backfill's recomputation over the same events agree (``shopstream verify``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -137,10 +138,10 @@ class OnlineFeatures:
             if due:
                 top = self.store.write_top(spark, batch_id=batch_id, as_of_us=as_of_us, emit=True,
                                            open_from=open_from)
+                self._top_redo = False
             elif has_purchases or slid or force_top:
-                self._pending_top = self._top_pool.submit(
-                    self.store.write_top_here, batch_id=batch_id, as_of_us=as_of_us,
-                    open_from=open_from)
+                self.submit_top(self.store.write_top_here, batch_id=batch_id, as_of_us=as_of_us,
+                                open_from=open_from)
             if snapshot and pool is not None and top is not None:
                 writes.append(pool.submit(inheriting(spark, self._write_top), spark, top))
             for write in writes:
@@ -169,20 +170,23 @@ class OnlineFeatures:
         first batch of a process, and by the batch after a failed run.
         """
         pending, self._pending_top = self._pending_top, None
-        if pending is None:
-            redo, self._top_redo = self._top_redo, False
-            return redo
-        try:
-            pending.result()
-        except Exception as exc:
-            from pipelines.stream import is_redis_outage
+        if pending is not None:
+            try:
+                pending.result()
+            except Exception as exc:
+                from pipelines.stream import is_redis_outage
 
-            if not is_redis_outage(exc):
-                raise
-            log.warning("stream: the previous batch's top lists were not written (Redis "
-                        "unreachable: %s); this batch writes them", exc)
-            return True
-        return False
+                if not is_redis_outage(exc):
+                    raise
+                log.warning("stream: the previous batch's top lists were not written (Redis "
+                            "unreachable: %s); the next batch writes them", exc)
+                self._top_redo = True
+        return self._top_redo
+
+    def submit_top(self, write: Callable[..., None], **kwargs: Any) -> None:
+        """Start a top-list run beside the next batch (after :meth:`finish_top`)."""
+        self._pending_top = self._top_pool.submit(write, **kwargs)
+        self._top_redo = False  # until the run is seen to fail
 
     def close(self) -> None:
         """Finish the pending top lists (the query stopped) and free the thread."""
