@@ -271,7 +271,7 @@ class _BatchColumns:
                 F.min(et).alias("min_us"),
                 F.percentile_approx(et, [0.01, 0.5], 1000).alias("pct_us"),
             ),
-            on_time=F.col("reason").isNull() & ~F.col("_late"),
+            on_time=on_time,
         )
 
 
