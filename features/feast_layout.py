@@ -43,7 +43,7 @@ import struct
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
@@ -94,6 +94,7 @@ __all__ = [
     "timestamp_field",
     "encode_value",
     "encode_timestamp",
+    "decode_timestamp",
     "decode_value",
 ]
 
@@ -173,6 +174,18 @@ def encode_timestamp(ts: datetime) -> bytes:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def decode_timestamp(data: bytes | None) -> datetime | None:
+    """Inverse of :func:`encode_timestamp`, exact to the microsecond (``None`` for no value;
+    an empty message is the epoch: proto3 leaves zero fields out)."""
+    if data is None:
+        return None
+    from google.protobuf.timestamp_pb2 import Timestamp  # type: ignore[import-untyped]
+
+    ts = Timestamp()
+    ts.ParseFromString(data)
+    return _EPOCH + timedelta(seconds=ts.seconds, microseconds=ts.nanos // 1000)
 
 
 def _epoch_seconds(value: Any) -> int:

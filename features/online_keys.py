@@ -37,7 +37,7 @@ widen a SCAN pattern).
 from __future__ import annotations
 
 from typing import Literal
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 __all__ = [
     "NAMESPACE",
@@ -53,6 +53,7 @@ __all__ = [
     "scope_region",
     "scope_category_region",
     "scope_for",
+    "parse_scope",
     "top_sellers_key",
     "trending_key",
     "top_meta_key",
@@ -113,6 +114,21 @@ def scope_for(category_id: str | None = None, region: str | None = None) -> Scop
     if region:
         return scope_region(region)
     return scope_global()
+
+
+def parse_scope(scope: Scope) -> tuple[str | None, str | None]:
+    """``(category_id, region)`` of a scope: the inverse of :func:`scope_for`."""
+    if scope == scope_global():
+        return None, None
+    kind, _, rest = scope.partition("=")
+    if kind == "cat" and rest:
+        return unquote(rest), None
+    if kind == "reg" and rest:
+        return None, unquote(rest)
+    category, sep, region = rest.partition("|")
+    if kind == "catreg" and sep and category and region:
+        return unquote(category), unquote(region)
+    raise ValueError(f"not a scope: {scope!r}")
 
 
 def _check_window(window: str) -> str:

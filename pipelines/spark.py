@@ -16,7 +16,7 @@ from pipelines.settings import Settings
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["spark_session", "inheriting"]
+__all__ = ["spark_session", "inheriting", "detached"]
 
 
 def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bool = True) -> SparkSession:
@@ -64,6 +64,24 @@ def inheriting(spark: SparkSession, fn: Callable[..., Any]) -> Callable[..., Any
 
     def run(*args: Any, **kwargs: Any) -> Any:
         jsc.setLocalProperties(properties)
+        return fn(*args, **kwargs)
+
+    return run
+
+
+def detached(spark: SparkSession, fn: Callable[..., Any], group: str) -> Callable[..., Any]:
+    """``fn`` run in another thread with Spark local properties of its own: a job group
+    ``group`` and nothing of the caller's. For work that outlives the streaming batch
+    that started it: stopping the query cancels the jobs of the query's group, and
+    those must finish instead (the caller waits for them)."""
+    sc = spark.sparkContext
+    jsc = sc._jsc.sc()  # type: ignore[union-attr]
+    jvm = sc._jvm  # type: ignore[attr-defined]
+    assert jvm is not None
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        jsc.setLocalProperties(jvm.java.util.Properties())
+        sc.setJobGroup(group, group, interruptOnCancel=False)
         return fn(*args, **kwargs)
 
     return run

@@ -13,12 +13,15 @@ One micro-batch query, read -> transform -> write::
               replaced atomically, item metadata;
            c. raw events and quarantine (malformed + late) to Parquet, each batch
               replacing its own partition (batch_id) on a replay;
-           d. at each slide boundary of T, feature snapshots to the offline store.
+           d. at each slide boundary of T, a feature snapshot (the rows Redis holds for
+              the entities touched in the slide, and the top lists) appended to the
+              offline store beside the following batches.
 
 Exactly once: Spark's offset and commit logs replay an unfinished batch with the
 same offsets, the same batch timestamp, the same dedup state and the same
-watermark; every sink above is idempotent for a replayed batch_id, so a crash
-(kill -9) at any point neither loses nor doubles an event.
+watermark; sinks a-c are idempotent for a replayed batch_id, so a crash (kill -9)
+at any point neither loses nor doubles an event. A snapshot lost to a crash is
+written by the next process (a done-marker per snapshot in the batch log).
 
 Late events: Spark's stateful operators drop rows behind the watermark silently,
 so the watermark here is on the ingest (processing) time, which never makes a row
@@ -376,7 +379,7 @@ class BatchProcessor:
         clock = prev_clock
         if stats.get("max_us") is not None:
             clock = max(prev_clock or stats["max_us"], stats["max_us"])
-        snapshot_tile = previous.snapshot_tile if previous else None
+        snapshot = previous.snapshot if previous else None
 
         online_done: float | None = None
         try:
@@ -395,17 +398,16 @@ class BatchProcessor:
                             quarantine_rows(checked.where(~cols.on_time)), self.settings, batch_id))
                     # b. online: tiles -> features -> Redis (the latency-sensitive path)
                     if self.online and clock is not None:
-                        tile_before = snapshot_tile
-                        snapshot_tile = self._redis_retrying(batch_id, lambda: self._online_writer().apply(
+                        before = snapshot
+                        snapshot = self._redis_retrying(batch_id, lambda: self._online_writer().apply(
                             spark, events, batch_id=batch_id, as_of_us=clock,
                             prev_as_of_us=prev_clock, has_events=n_on_time > 0,
                             has_purchases=int(stats.get("purchases") or 0) > 0,
-                            snapshot_tile=tile_before, snapshots=self.snapshots,
-                            batch_log=batch_log))
+                            snapshot=before, snapshots=self.snapshots, batch_log=batch_log))
                         online_done = time.time()
                     for sink in sinks:
                         sink.result()
-            batch_log.write(BatchRecord(batch_id, clock, snapshot_tile))
+            batch_log.write(BatchRecord(batch_id, clock, snapshot))
         finally:
             release(checked)
 

@@ -81,6 +81,8 @@ if TYPE_CHECKING:
 __all__ = [
     "BatchLog",
     "BatchRecord",
+    "SnapshotMark",
+    "SNAPSHOT_MARK",
     "TileStore",
     "PassConfig",
     "USER",
@@ -99,6 +101,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+SNAPSHOT_MARK = "snapshot"
+"""Batch-log marker name of a feature snapshot that was appended."""
 MARKER_FIELD = "_b"
 """Hash field holding the id of the last micro-batch applied to a key."""
 JSON_OPTIONS = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"}
@@ -109,6 +113,28 @@ _CHUNK = 500
 
 # ---------------------------------------------------------------- batch log
 @dataclass(frozen=True)
+class SnapshotMark:
+    """The latest feature snapshot the stream asked for (:mod:`pipelines.streaming.snapshot`).
+
+    Attributes
+    ----------
+    tile
+        ``tile_start`` (epoch seconds) of the clock when it was asked for; the next
+        one is due when the clock enters a later tile.
+    first
+        First tile of the entities it covers: those touched while the clock was in
+        ``[first, tile)``; ``None`` for the starting mark, which covers nothing.
+    batch_id
+        The batch that asked for it: the name of its done-marker in the batch log
+        (:meth:`BatchLog.mark`), so a process that starts after a crash redoes it.
+    """
+
+    tile: int
+    first: int | None = None
+    batch_id: int | None = None
+
+
+@dataclass(frozen=True)
 class BatchRecord:
     """What batch ``b`` leaves for batch ``b + 1``.
 
@@ -117,13 +143,13 @@ class BatchRecord:
     clock_us
         The event-time clock after the batch: the largest ``event_time``
         accepted so far (epoch microseconds), ``None`` before any event.
-    snapshot_tile
-        ``tile_start`` (epoch seconds) of the clock at the last feature snapshot.
+    snapshot
+        The latest feature snapshot asked for, ``None`` before the first batch with events.
     """
 
     batch_id: int
     clock_us: int | None
-    snapshot_tile: int | None = None
+    snapshot: SnapshotMark | None = None
 
     @property
     def clock(self) -> datetime | None:
@@ -132,13 +158,19 @@ class BatchRecord:
         return datetime.fromtimestamp(self.clock_us / 1_000_000, tz=UTC)
 
     def to_json(self) -> str:
+        mark = self.snapshot
         return json.dumps({"batch_id": self.batch_id, "clock_us": self.clock_us,
-                           "snapshot_tile": self.snapshot_tile})
+                           "snapshot_tile": mark.tile if mark else None,
+                           "snapshot_from": mark.first if mark else None,
+                           "snapshot_batch": mark.batch_id if mark else None})
 
     @classmethod
     def from_json(cls, text: str) -> BatchRecord:
         doc = json.loads(text)
-        return cls(int(doc["batch_id"]), doc.get("clock_us"), doc.get("snapshot_tile"))
+        tile = doc.get("snapshot_tile")
+        mark = (SnapshotMark(int(tile), doc.get("snapshot_from"), doc.get("snapshot_batch"))
+                if tile is not None else None)
+        return cls(int(doc["batch_id"]), doc.get("clock_us"), mark)
 
 
 class BatchLog:
@@ -192,14 +224,17 @@ class BatchLog:
         )
         return self.read(ids[0]) if ids else None
 
+    def _mark_path(self, name: str, batch_id: int) -> Any:
+        return self._jvm.org.apache.hadoop.fs.Path(f"{self.root}/{name}-{batch_id}.done")
+
     def marked(self, name: str, batch_id: int) -> bool:
         """Whether :meth:`mark` ran for ``(name, batch_id)`` (a side effect already done)."""
-        path = self._jvm.org.apache.hadoop.fs.Path(f"{self.root}/{name}-{batch_id}.done")
+        path = self._mark_path(name, batch_id)
         return bool(self._fs(path).exists(path))
 
     def mark(self, name: str, batch_id: int) -> None:
         """Record that the side effect ``name`` of ``batch_id`` is done (an empty file)."""
-        path = self._jvm.org.apache.hadoop.fs.Path(f"{self.root}/{name}-{batch_id}.done")
+        path = self._mark_path(name, batch_id)
         self._fs(path).create(path, True).close()
 
     def write(self, record: BatchRecord) -> None:
@@ -213,10 +248,20 @@ class BatchLog:
             out.close()
         if record.batch_id >= self.retain:
             gone = record.batch_id - self.retain
-            for old in (self._path(gone),
-                        self._jvm.org.apache.hadoop.fs.Path(f"{self.root}/snapshot-{gone}.done")):
-                if fs.exists(old):
-                    fs.delete(old, False)
+            old = [self._path(gone)]
+            if record.snapshot is None or record.snapshot.batch_id != gone:
+                # the latest snapshot's marker stays: a restart checks it
+                old.append(self._mark_path(SNAPSHOT_MARK, gone))
+            for path in old:
+                if fs.exists(path):
+                    fs.delete(path, False)
+
+    def unmark(self, name: str, batch_id: int) -> None:
+        """Remove a marker that no restart will check any more."""
+        path = self._mark_path(name, batch_id)
+        fs = self._fs(path)
+        if fs.exists(path):
+            fs.delete(path, False)
 
 
 # -------------------------------------------------------------------- keys
@@ -263,19 +308,6 @@ def _chunks(rows: Iterable[Any], size: int) -> Iterator[list[Any]]:
         yield chunk
 
 
-def _members_partition(rows: Iterator[Any], *, redis_kwargs: dict[str, Any]) -> Iterator[tuple]:
-    """(kind, set key) rows -> (kind, member) rows (SSCAN, so big sets stream)."""
-    import redis
-
-    client = redis.Redis(**redis_kwargs)
-    try:
-        for kind, set_key in rows:
-            for member in client.sscan_iter(set_key, count=1000):
-                yield kind, member.decode("utf-8")
-    finally:
-        client.close()
-
-
 # ------------------------------------------------- the per-partition pass
 @dataclass(frozen=True)
 class PassConfig:
@@ -314,43 +346,30 @@ def _encode(row: Mapping[str, Any]) -> str:
 
 
 _EMIT_SCHEMA = "view string, value string"
-"""Schema of what the pass yields: (feature view or ``top_items``, row JSON)."""
-
-
-def _emit_batch(rows: list[tuple[str, str]]) -> Any:
-    import pyarrow as pa
-
-    return pa.RecordBatch.from_arrays(
-        [pa.array([r[0] for r in rows], pa.string()), pa.array([r[1] for r in rows], pa.string())],
-        names=["view", "value"])
+"""Schema of what the pass yields (nothing; ``mapInArrow`` needs one) and of the
+top-list rows (``("top_items", row JSON)``)."""
 
 
 def update_batches(batches: Iterator[Any], *, cfg: PassConfig) -> Iterator[Any]:
-    """``mapInArrow`` body: one partition of :func:`keyed_rows` -> Redis; yields snapshot rows.
+    """``mapInArrow`` body: one partition of :func:`keyed_rows` -> Redis; yields nothing.
 
     Per key (users, items, sales keys ``item|category|region``), pipelined by
     chunks: read the stored tiles and marker, merge this batch's tiles unless the
     marker says they are in already, write the changed tiles, drop the expired
     ones and set the marker in one ``MULTI``/``EXEC``; then finalize users and
     items as of the clock and write them in Feast's layout, and item metadata
-    from the item rows. Rows with a null ``tile_start`` only name a key whose
-    features are due (a snapshot). With ``cfg.emit`` it yields Arrow batches of
-    ``(view, feature row JSON)``.
+    from the item rows.
     """
     deltas: dict[tuple[str, str], list[dict[str, Any]]] = {}
     metadata = pyf.ItemMetadata()
     for batch in batches:
         for row in batch.to_pylist():
             kind = row["kind"]
-            bucket = deltas.setdefault((kind, row["key"]), [])
-            if row["tile_start"] is None:
-                continue
-            bucket.append(pyf.TILE_OF_ROW[kind](row))
+            deltas.setdefault((kind, row["key"]), []).append(pyf.TILE_OF_ROW[kind](row))
             if kind == ITEM:
                 metadata.add(row)
-    for rows in _update(deltas, metadata.rows(), cfg):
-        if rows:
-            yield _emit_batch(rows)
+    _update(deltas, metadata.rows(), cfg)
+    yield from ()
 
 
 BASE_FIELD = "_base"
@@ -398,8 +417,8 @@ def _rebuilt(tiles: Mapping[int, Mapping[str, Any]], ranges: Mapping[str, tuple[
 
 
 def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
-            metadata: list[dict[str, Any]], cfg: PassConfig) -> Iterator[list[tuple[str, str]]]:
-    """Merge, write and finalize per chunk of keys; yields each chunk's emitted rows.
+            metadata: list[dict[str, Any]], cfg: PassConfig) -> None:
+    """Merge, write and finalize per chunk of keys.
 
     Users and sales keys read all their tiles (a user's are few). Items, once the
     clock of a previous batch is known, read only their base and open tiles, plus
@@ -546,9 +565,6 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
                 online_writer.write_entity_rows(client, USER_ACTIVITY, users, ttl_seconds=cfg.ttl)
             if items:
                 online_writer.write_entity_rows(client, ITEM_STATS, items, ttl_seconds=cfg.ttl)
-            if cfg.emit:
-                yield [(USER_ACTIVITY.name, _encode(r)) for r in users] + [
-                    (ITEM_STATS.name, _encode(r)) for r in items]
         if metadata:
             online_writer.write_item_metadata(client, metadata, ttl_seconds=cfg.ttl)
     finally:
@@ -666,25 +682,17 @@ USER, ITEM, SALES = "user", "item", "sales"
 
 
 def keyed_rows(events: DataFrame, *, slide_seconds: int, last_items_n: int,
-               partitions: int, extra_keys: DataFrame | None = None) -> DataFrame:
+               partitions: int) -> DataFrame:
     """A batch's events -> :func:`features.tiles.keyed_tiles`, hash-partitioned by (kind, key).
 
     The events are partitioned by (kind, key) *before* the aggregation, so the
     aggregation's shuffle is the only one: its output already holds every tile
     of a key in one partition, which is what the per-key pass needs.
-    ``extra_keys`` (kind, key) rows join with null tiles (keys whose features
-    are due without new events).
     """
-    from pyspark.sql import functions as F
-
     from features.tiles import keyed_tiles
 
-    rows = keyed_tiles(events, slide_seconds=slide_seconds, last_items_n=last_items_n,
+    return keyed_tiles(events, slide_seconds=slide_seconds, last_items_n=last_items_n,
                        partitions=partitions)
-    if extra_keys is not None:
-        rows = rows.unionByName(extra_keys.select("kind", "key"), allowMissingColumns=True)
-        rows = rows.repartition(partitions, F.col("kind"), F.col("key"))
-    return rows
 
 
 class TileStore:
@@ -723,34 +731,19 @@ class TileStore:
         return PassConfig(self.redis_kwargs, batch_id, as_of_us, self.slide, self.long_window,
                           self.last_items_n, self.ttl, self.dirty_ttl, emit, open_from)
 
-    def dirty_entities(self, spark: SparkSession, kind: str, generations: Iterable[int]) -> DataFrame:
-        """(kind, key) rows: the entities in the dirty sets of ``generations`` (read on an executor)."""
-        sets = [(kind, dirty_key(kind, g)) for g in sorted(set(generations))]
-        if not sets:
-            return spark.createDataFrame([], "kind string, key string")
-        members = partial(_members_partition, redis_kwargs=self.redis_kwargs)
-        rdd = spark.sparkContext.parallelize(sets, 1).mapPartitions(members)
-        return spark.createDataFrame(rdd, "kind string, key string").distinct()
-
     def apply(self, spark: SparkSession, events: DataFrame, *, batch_id: int, as_of_us: int,
-              extra_keys: DataFrame | None = None, emit: bool = False,
-              open_from: int | None = None) -> Any:
+              open_from: int | None = None) -> None:
         """Merge a batch into Redis and write the touched entities' features (one Spark job).
 
         ``open_from``: :attr:`PassConfig.open_from`; with it, items keep a base over
         their closed tiles (``None``: every tile is read).
-        Returns the ``(view, value)`` DataFrame of feature row JSON when ``emit``
-        (checkpointed, so the pass runs once; the caller releases it), else ``None``.
         """
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
         rows = keyed_rows(events, slide_seconds=self.slide, last_items_n=self.last_items_n,
-                          partitions=partitions, extra_keys=extra_keys)
-        cfg = self.config(batch_id, as_of_us, emit, open_from)
-        out = rows.mapInArrow(partial(update_batches, cfg=cfg), _EMIT_SCHEMA)
-        if not emit:
-            out.write.format("noop").mode("overwrite").save()
-            return None
-        return out.localCheckpoint(eager=True)
+                          partitions=partitions)
+        cfg = self.config(batch_id, as_of_us, False, open_from)
+        rows.mapInArrow(partial(update_batches, cfg=cfg), _EMIT_SCHEMA).write.format(
+            "noop").mode("overwrite").save()
 
     def write_top_here(self, *, batch_id: int, as_of_us: int, open_from: int | None = None) -> None:
         """:meth:`write_top` in the calling process (the driver), without a Spark job.

@@ -31,7 +31,13 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from features import online_keys
-from features.feast_layout import ITEM_STATS, USER_ACTIVITY, ViewSpec, timestamp_field
+from features.feast_layout import (
+    ITEM_STATS,
+    USER_ACTIVITY,
+    ViewSpec,
+    decode_timestamp,
+    timestamp_field,
+)
 from features.windows import LONG_WINDOW, WINDOW_SECONDS, features_over_time
 from pipelines import offline_store
 from pipelines.settings import Settings
@@ -96,16 +102,6 @@ def compare_values(spec: ViewSpec, online: Mapping[str, Any], batch: Mapping[str
     return bad
 
 
-def _timestamp(data: bytes | None) -> datetime | None:
-    from google.protobuf.timestamp_pb2 import Timestamp
-
-    if not data:
-        return None
-    ts = Timestamp()
-    ts.ParseFromString(data)
-    return datetime.fromtimestamp(ts.seconds + ts.nanos / 1e9, tz=UTC)
-
-
 def _read_online(client: Any, spec: ViewSpec, ids: list[str]) -> dict[str, tuple[datetime | None, dict]]:
     """id -> (event timestamp, decoded features) for the ids that have a value."""
     with client.pipeline(transaction=False) as pipe:
@@ -116,7 +112,7 @@ def _read_online(client: Any, spec: ViewSpec, ids: list[str]) -> dict[str, tuple
     ts_field = timestamp_field(spec.name)
     for entity, mapping in zip(ids, stored, strict=True):
         if ts_field in mapping:
-            out[entity] = (_timestamp(mapping[ts_field]), spec.decode(mapping))
+            out[entity] = (decode_timestamp(mapping[ts_field]), spec.decode(mapping))
     return out
 
 

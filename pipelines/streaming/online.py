@@ -15,9 +15,11 @@ events and the event-time clock ``T`` after the batch:
    driver beside the *next* micro-batch (:meth:`OnlineFeatures.finish_top`): it
    was a third of a small batch's time, and the features of step 1, which the
    batch's freshness is about, are written before it;
-3. when ``T`` entered a new tile (the slide cadence): the features as of ``T``
-   of every entity touched since the previous snapshot, and the top lists, go to
-   the offline store in the backfill's format (:func:`pipelines.offline_store.write_snapshots`).
+3. when ``T`` entered a new tile (the slide cadence): a feature snapshot of the
+   entities touched since the previous one and of the top lists, read back from
+   Redis as serving sees them and appended to the offline store in the backfill's
+   format (:mod:`pipelines.streaming.snapshot`). It too runs beside the following
+   micro-batches, one at a time, and never holds one up.
 
 The feature rules are :mod:`features.windows`' (their Python twin runs on the
 executors, :mod:`pipelines.streaming.pyfeatures`), so a streamed value and the
@@ -31,38 +33,25 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from features.feast_layout import ITEM_STATS, USER_ACTIVITY, ViewSpec
-from features.windows import LONG_WINDOW, TOP_ITEM_COLUMNS, WINDOW_SECONDS
-from pipelines import offline_store
+from features.windows import LONG_WINDOW, WINDOW_SECONDS
 from pipelines.connections import redis_kwargs
 from pipelines.settings import Settings
-from pipelines.spark import inheriting
-from pipelines.stream_state import ITEM, JSON_OPTIONS, USER, TileStore, release
+from pipelines.spark import detached
+from pipelines.stream_state import SNAPSHOT_MARK, SnapshotMark, TileStore
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from pipelines.stream_state import BatchLog
 
-__all__ = ["OnlineFeatures", "DIRTY_TTL_SECONDS", "view_schema"]
+__all__ = ["OnlineFeatures", "DIRTY_TTL_SECONDS"]
 
 log = logging.getLogger(__name__)
 
 DIRTY_TTL_SECONDS = 24 * 3600
 """TTL of the per-tile sets of touched entities (snapshots read them within a slide)."""
-_SPARK_TYPES = {"int64": "bigint", "double": "double", "string": "string",
-                "timestamp": "timestamp", "string_list": "array<string>",
-                "double_list": "array<double>"}
-_TOP_SCHEMA = ("kind string, window string, category_id string, region string, item_id string, "
-               "score double, rank int, event_timestamp timestamp")
-
-
-def view_schema(spec: ViewSpec) -> str:
-    """DDL of a feature view's rows: join key, features, event timestamp."""
-    cols = [f"{spec.join_key} string"]
-    cols += [f"{name} {_SPARK_TYPES[kind]}" for name, kind in spec.features]
-    cols.append("event_timestamp timestamp")
-    return ", ".join(cols)
+_SNAPSHOT_GROUP = "shopstream-snapshot"
+"""Spark job group of the snapshot jobs: their own, so stopping the query lets them finish."""
 
 
 class OnlineFeatures:
@@ -83,12 +72,15 @@ class OnlineFeatures:
         self._top_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="top-lists")
         self._pending_top: Future[None] | None = None
         self._top_redo = True  # a new process redoes the lists: a crash may have lost a run
+        self._snapshot_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
+        self._snapshots: list[tuple[Future[None], SnapshotMark, SnapshotMark | None]] = []
+        self._snapshot_check = True  # a new process checks that the last snapshot was written
 
     def apply(self, spark: SparkSession, events: DataFrame, *, batch_id: int, as_of_us: int,
               prev_as_of_us: int | None, has_events: bool, has_purchases: bool,
-              snapshot_tile: int | None, snapshots: bool,
-              batch_log: BatchLog | None = None) -> int | None:
-        """Update Redis for one batch; returns the tile of the latest snapshot.
+              snapshot: SnapshotMark | None, snapshots: bool,
+              batch_log: BatchLog | None = None) -> SnapshotMark:
+        """Update Redis for one batch; returns the latest snapshot asked for.
 
         Parameters
         ----------
@@ -98,76 +90,98 @@ class OnlineFeatures:
             The clock ``T`` after this batch and after the previous one (epoch µs).
         has_events, has_purchases
             Whether ``events`` has rows / purchases (known from the batch's stats).
-        snapshot_tile
-            Tile of the clock at the previous snapshot (``None``: none yet).
+        snapshot
+            The latest snapshot asked for before this batch (``None``: none yet).
         """
         force_top = self.finish_top()
+        self._check_snapshots(spark, batch_log)
         current = self.store.tile_of(as_of_us)
         prev_tile = self.store.tile_of(prev_as_of_us) if prev_as_of_us is not None else None
         slid = prev_tile != current
-        due = snapshots and snapshot_tile is not None and current > snapshot_tile
-        if snapshot_tile is None:
-            snapshot_tile = current
+        if snapshot is None:
+            snapshot = SnapshotMark(current)
+        if self._snapshot_check:
+            self._snapshot_check = False
+            if (snapshots and snapshot.batch_id is not None and snapshot.first is not None
+                    and batch_log is not None
+                    and not batch_log.marked(SNAPSHOT_MARK, snapshot.batch_id)):
+                log.info("stream: the snapshot asked for by batch %d was not written "
+                         "(the process stopped first); writing it now", snapshot.batch_id)
+                self._submit_snapshot(spark, batch_log, snapshot, None)
+        due = snapshots and current > snapshot.tile
         if not has_events and not slid and not due and not force_top:
-            return snapshot_tile
+            return snapshot
 
-        extra = None
-        if due:
-            first = max(snapshot_tile, current - WINDOW_SECONDS[LONG_WINDOW])
-            generations = range(first, current + 1, self.slide)
-            extra = self.store.dirty_entities(spark, USER, generations).unionByName(
-                self.store.dirty_entities(spark, ITEM, generations))
         # tiles before the one of the late cut (previous clock - allowed lateness) are
         # final: no later batch accepts an event for them
         open_from = None if prev_as_of_us is None else self.store.tile_of(
             prev_as_of_us - self.settings.feature_allowed_lateness_seconds * 1_000_000)
-        emitted = None
-        if has_events or slid or due:
-            emitted = self.store.apply(spark, events, batch_id=batch_id, as_of_us=as_of_us,
-                                       extra_keys=extra, emit=due, open_from=open_from)
-        top = None
-        # the snapshot's Parquet writes are small jobs that mostly wait (planning, task
-        # launch, commit): they run beside each other and beside the top-list task
-        pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="snapshot") if due else None
-        try:
-            writes = []
-            snapshot = due and not (batch_log is not None and batch_log.marked("snapshot", batch_id))
-            if snapshot and pool is not None:
-                writes = [pool.submit(inheriting(spark, self._write_view), emitted, spec)
-                          for spec in (USER_ACTIVITY, ITEM_STATS)]
-            if due:
-                top = self.store.write_top(spark, batch_id=batch_id, as_of_us=as_of_us, emit=True,
-                                           open_from=open_from)
-                self._top_redo = False
-            elif has_purchases or slid or force_top:
-                self.submit_top(self.store.write_top_here, batch_id=batch_id, as_of_us=as_of_us,
-                                open_from=open_from)
-            if snapshot and pool is not None and top is not None:
-                writes.append(pool.submit(inheriting(spark, self._write_top), spark, top))
-            for write in writes:
-                write.result()
-            if due:
-                if snapshot and batch_log is not None:
-                    batch_log.mark("snapshot", batch_id)  # a replay of this batch skips it
-                snapshot_tile = current
-        finally:
-            if pool is not None:
-                pool.shutdown(wait=True)
-            if emitted is not None:
-                release(emitted)
-            if top is not None:
-                top.unpersist()
-        return snapshot_tile
+        if has_events or slid:
+            self.store.apply(spark, events, batch_id=batch_id, as_of_us=as_of_us,
+                             open_from=open_from)
+        if has_purchases or slid or force_top:
+            self.submit_top(self.store.write_top_here, batch_id=batch_id, as_of_us=as_of_us,
+                            open_from=open_from)
+        if due:
+            # the entities touched while the clock was in the tiles since the last one
+            # (their sets are complete: this batch's touches go to the current tile's)
+            first = max(snapshot.tile, current - WINDOW_SECONDS[LONG_WINDOW])
+            previous, snapshot = snapshot, SnapshotMark(current, first, batch_id)
+            if not (batch_log is not None and batch_log.marked(SNAPSHOT_MARK, batch_id)):
+                self._submit_snapshot(spark, batch_log, snapshot, previous)
+        return snapshot
+
+    def _submit_snapshot(self, spark: SparkSession, batch_log: BatchLog | None,
+                         mark: SnapshotMark, previous: SnapshotMark | None) -> None:
+        """Queue the snapshot ``mark`` (one runs at a time, beside the micro-batches)."""
+        future = self._snapshot_pool.submit(
+            detached(spark, self._write_snapshot, _SNAPSHOT_GROUP), spark, batch_log, mark,
+            previous)
+        self._snapshots.append((future, mark, previous))
+
+    def _write_snapshot(self, spark: SparkSession, batch_log: BatchLog | None,
+                        mark: SnapshotMark, previous: SnapshotMark | None) -> None:
+        from pipelines.streaming.snapshot import write_served_snapshot
+
+        assert mark.first is not None and mark.batch_id is not None
+        write_served_snapshot(spark, self.settings, self.store.redis_kwargs,
+                              range(mark.first, mark.tile, self.slide))
+        if batch_log is not None:
+            batch_log.mark(SNAPSHOT_MARK, mark.batch_id)
+            if previous is not None and previous.batch_id is not None:
+                batch_log.unmark(SNAPSHOT_MARK, previous.batch_id)  # no restart checks it now
+
+    def _check_snapshots(self, spark: SparkSession, batch_log: BatchLog | None) -> None:
+        """Collect finished snapshots: one that failed because Redis was away is queued
+        again; any other failure fails the calling batch (or the stop)."""
+        from pipelines.stream import is_redis_outage
+
+        pending, again = [], []
+        for future, mark, previous in self._snapshots:
+            if not future.done():
+                pending.append((future, mark, previous))
+                continue
+            try:
+                future.result()
+            except Exception as exc:
+                if not is_redis_outage(exc):
+                    raise
+                log.warning("stream: the snapshot of batch %s was not written (Redis "
+                            "unreachable: %s); trying again", mark.batch_id, exc)
+                again.append((mark, previous))
+        self._snapshots = pending
+        for mark, previous in again:
+            self._submit_snapshot(spark, batch_log, mark, previous)
 
     def finish_top(self) -> bool:
         """Wait for the top lists of the previous batch; True when they must be redone.
 
-        A batch's top lists (unless it writes a snapshot) are recomputed beside the
-        next micro-batch, one at a time: the item and user features, which the
-        batch's freshness is about, are in Redis before. The lists are a full
-        recomputation from the tiles (the base moves in one transaction), so a run
-        that was lost (a crash, Redis away for a moment) is simply redone: by the
-        first batch of a process, and by the batch after a failed run.
+        A batch's top lists are recomputed beside the next micro-batch, one at a
+        time: the item and user features, which the batch's freshness is about, are
+        in Redis before. The lists are a full recomputation from the tiles (the base
+        moves in one transaction), so a run that was lost (a crash, Redis away for a
+        moment) is simply redone: by the first batch of a process, and by the batch
+        after a failed run.
         """
         pending, self._pending_top = self._pending_top, None
         if pending is not None:
@@ -189,26 +203,12 @@ class OnlineFeatures:
         self._top_redo = False  # until the run is seen to fail
 
     def close(self) -> None:
-        """Finish the pending top lists (the query stopped) and free the thread."""
+        """The query stopped: finish the pending top lists and snapshots, free the threads."""
         try:
             self.finish_top()
         finally:
             self._top_pool.shutdown(wait=True)
-
-    def _write_view(self, emitted: Any, spec: ViewSpec) -> None:
-        """Append one feature view's snapshot rows (the emitted ``(view, JSON)`` rows)."""
-        from pyspark.sql import functions as F
-
-        frame = emitted.where(F.col("view") == spec.name).select(
-            F.from_json("value", view_schema(spec), JSON_OPTIONS).alias("r")).select("r.*")
-        offline_store.write_snapshots(frame.withColumn("created", F.current_timestamp()),
-                                      self.settings, spec.name)
-
-    def _write_top(self, spark: SparkSession, top: Any) -> None:
-        """Append the top lists' snapshot rows."""
-        from pyspark.sql import functions as F
-
-        frame = spark.createDataFrame(top, "view string, value string").select(
-            F.from_json("value", _TOP_SCHEMA, JSON_OPTIONS).alias("r")).select("r.*")
-        frame = frame.withColumn("created", F.current_timestamp())
-        offline_store.write_snapshots(frame.select(*TOP_ITEM_COLUMNS), self.settings, "top_items")
+            self._snapshot_pool.shutdown(wait=True)
+        for future, _, _ in self._snapshots:
+            future.result()  # a failure surfaces; a restart writes the snapshot again
+        self._snapshots = []

@@ -1,7 +1,7 @@
 """The online path in Spark's Real-time Mode (``trigger(realTime=...)``, Spark 4.1+; stateful in 4.3).
 
-A second query beside the micro-batch one (which keeps the quarantine, the raw
-events and the snapshots)::
+A second query beside the micro-batch one (which keeps the quarantine and the raw
+events; feature snapshots are not written in this mode)::
 
     Kafka -> verdict (features.validation) -> valid events
       -> watermark(event_time, allowed lateness) -> dropDuplicates(event_id, event_time)

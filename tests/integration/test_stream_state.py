@@ -257,3 +257,93 @@ def test_items_and_top_lists_over_a_day_of_batches_equal_a_recomputation(
     store.write_top(spark, batch_id=len(steps) - 1, as_of_us=prev_clock_us,
                     open_from=open_from)  # a replay
     assert redis_client.hgetall(top_base_key()) == base
+
+
+def test_a_snapshot_records_the_rows_and_lists_serving_reads(
+    make_settings: Callable[..., Settings], redis_client: Any, spark: Any,
+) -> None:
+    """Two batches whose clocks are in different tiles, then the snapshot of the first
+    tile: one row per entity touched in it -- the row Redis holds, which is the batch
+    recomputation as of that row's own timestamp -- none for an entity touched only
+    later, and every top list as stored, ranked as the backfill ranks."""
+    import pandas as pd
+
+    from features.feast_layout import ITEM_STATS, USER_ACTIVITY
+    from features.tiles import item_tiles, user_tiles
+    from features.windows import finalize_item_features, finalize_user_features
+    from pipelines.connections import redis_kwargs
+    from pipelines.offline_store import snapshot_path
+    from pipelines.online_writer import top_item_key
+    from pipelines.stream_state import TileStore
+    from pipelines.streaming.snapshot import write_served_snapshot
+    from pipelines.verify import compare_values
+
+    settings = make_settings()
+    kwargs = redis_kwargs(settings, timeout_ms=5000)
+    store = TileStore(kwargs, slide_seconds=60, last_items_n=5, long_window_seconds=86_400,
+                      ttl_seconds=3600, top_n=3)
+    first = _events(120, 21, span_s=300)
+    first.append(("only-first", "purchase", T0 + timedelta(seconds=5), "u-first", "s", "i0", "c0",
+                  "UK", 3.5, 2, "web"))
+    clock0 = max(e[2] for e in first)
+    second = _events(120, 22, start=clock0, span_s=300)
+    second.append(("only-second", "view", clock0 + timedelta(seconds=1), "u-second", "s", "i1",
+                   "c1", "FR", None, 1, "web"))
+    clock1 = max(e[2] for e in second)
+
+    def epoch_us(ts: datetime) -> int:
+        return (ts - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+
+    for batch_id, (rows, clock) in enumerate(((first, clock0), (second, clock1))):
+        store.apply(spark, spark.createDataFrame(rows, EVENT_SCHEMA), batch_id=batch_id,
+                    as_of_us=epoch_us(clock))
+        store.write_top_here(batch_id=batch_id, as_of_us=epoch_us(clock))
+    tile0, tile1 = store.tile_of(epoch_us(clock0)), store.tile_of(epoch_us(clock1))
+    assert tile0 < tile1
+
+    write_served_snapshot(spark, settings, kwargs, range(tile0, tile1, 60))
+
+    def recomputed(spec: Any, entity: str, as_of: datetime) -> dict[str, Any]:
+        events = spark.createDataFrame(first + (second if as_of == clock1 else []), EVENT_SCHEMA)
+        if spec is USER_ACTIVITY:
+            frame = finalize_user_features(user_tiles(events, slide_seconds=60, last_items_n=5),
+                                           as_of, slide_seconds=60, last_items_n=5)
+        else:
+            frame = finalize_item_features(item_tiles(events, slide_seconds=60), as_of,
+                                           slide_seconds=60)
+        row = frame.where(frame[spec.join_key] == entity).collect()[0].asDict()
+        return spec.decode(spec.encode(row)[1])
+
+    for spec, touched in ((USER_ACTIVITY, {e[3] for e in first}),
+                          (ITEM_STATS, {e[5] for e in first})):
+        snap = pd.read_parquet(snapshot_path(settings, spec.name))
+        assert sorted(snap[spec.join_key]) == sorted(touched), spec.name  # once each
+        for row in snap.to_dict("records"):
+            entity = row[spec.join_key]
+            as_of = row["event_timestamp"].to_pydatetime()
+            later = entity in {e[3] if spec is USER_ACTIVITY else e[5] for e in second}
+            assert as_of == (clock1 if later else clock0), entity
+            served = spec.decode(redis_client.hgetall(spec.redis_key(entity)))
+            mine = {name: (row[name].tolist() if hasattr(row[name], "tolist") else row[name])
+                    for name in spec.feature_names}
+            mine = {k: (None if isinstance(v, float) and v != v else v) for k, v in mine.items()}
+            mine = {k: (v.to_pydatetime() if hasattr(v, "to_pydatetime") else v)
+                    for k, v in mine.items()}
+            assert compare_values(spec, mine, served) == [], entity
+            assert compare_values(spec, mine, recomputed(spec, entity, as_of)) == [], entity
+    assert "u-first" in set(pd.read_parquet(snapshot_path(settings, "user_activity"))["user_id"])
+
+    top = pd.read_parquet(snapshot_path(settings, "top_items"))
+    assert len(top) > 0 and set(top["event_timestamp"]) == {
+        pd.Timestamp(clock1.replace(microsecond=clock1.microsecond // 1000 * 1000))}
+    for (kind, window, category, region), rows in top.groupby(
+            ["kind", "window", "category_id", "region"], dropna=False):
+        from features.online_keys import scope_for
+
+        scope = scope_for(None if pd.isna(category) else category,
+                          None if pd.isna(region) else region)
+        stored = redis_client.zrange(top_item_key(kind, window, scope), 0, -1, withscores=True)
+        want = sorted(((m.decode(), s) for m, s in stored), key=lambda p: (-p[1], p[0]))
+        got = rows.sort_values("rank")
+        assert list(got["rank"]) == list(range(1, len(want) + 1))
+        assert list(zip(got["item_id"], got["score"], strict=True)) == want, (kind, window, scope)

@@ -19,7 +19,9 @@ from features.feast_layout import (
     PROJECT,
     USER_ACTIVITY,
     VIEWS,
+    decode_timestamp,
     decode_value,
+    encode_timestamp,
     encode_value,
     entity_key,
     feature_field,
@@ -167,3 +169,15 @@ def test_scalar_fast_paths_equal_protobuf_bytes() -> None:
         seconds = int((when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp())
         assert encode_value("timestamp", when) == Value(
             unix_timestamp_val=seconds).SerializeToString()
+
+
+@pytest.mark.parametrize("ts", [
+    datetime(2024, 6, 1, 12, 0, 0, 123_456, tzinfo=UTC),
+    datetime(2024, 6, 1, 12, 0, tzinfo=UTC),
+    datetime(1969, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC),
+    datetime(1970, 1, 1, tzinfo=UTC),
+])
+def test_decode_timestamp_inverts_encode_to_the_microsecond(ts: datetime) -> None:
+    """Snapshots and ``verify`` read the row timestamp back: a float detour lost microseconds."""
+    assert decode_timestamp(encode_timestamp(ts)) == ts
+    assert decode_timestamp(None) is None

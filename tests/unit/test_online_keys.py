@@ -30,3 +30,16 @@ def test_user_recs_key_distinct_ids_distinct_keys(a: str, b: str) -> None:
     if a != b:
         assert k.user_recs_key("1", a) != k.user_recs_key("1", b)
     assert k.user_recs_key("1", a).count(":") == 5
+
+
+@given(st.one_of(st.none(), st.text(min_size=1, max_size=32)),
+       st.one_of(st.none(), st.text(min_size=1, max_size=32)))
+def test_parse_scope_inverts_scope_for(category: str | None, region: str | None) -> None:
+    """The stream's snapshot turns each stored top list back into its category and region."""
+    assert k.parse_scope(k.scope_for(category, region)) == (category, region)
+
+
+@pytest.mark.parametrize("scope", ["", "cat=", "catreg=c1", "catreg=|UK", "world"])
+def test_parse_scope_rejects_what_is_not_a_scope(scope: str) -> None:
+    with pytest.raises(ValueError, match="not a scope"):
+        k.parse_scope(scope)

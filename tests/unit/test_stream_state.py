@@ -6,14 +6,23 @@ from datetime import UTC, datetime
 
 import pytest
 
-from pipelines.stream_state import BatchRecord, TileStore, dirty_key, tiles_key
+from pipelines.stream_state import BatchRecord, SnapshotMark, TileStore, dirty_key, tiles_key
 
 
 def test_batch_record_round_trips_through_json() -> None:
-    record = BatchRecord(batch_id=41, clock_us=1_717_243_200_123_456, snapshot_tile=1_717_243_200)
+    mark = SnapshotMark(tile=1_717_243_200, first=1_717_243_140, batch_id=38)
+    record = BatchRecord(batch_id=41, clock_us=1_717_243_200_123_456, snapshot=mark)
     assert BatchRecord.from_json(record.to_json()) == record
     assert record.clock == datetime(2024, 6, 1, 12, 0, 0, 123_456, tzinfo=UTC)
     assert BatchRecord(0, None).clock is None
+    assert BatchRecord.from_json(BatchRecord(3, None).to_json()) == BatchRecord(3, None)
+
+
+def test_batch_record_reads_a_record_of_the_previous_format() -> None:
+    """A checkpoint written before snapshots had a batch keeps working: no redo is asked."""
+    old = '{"batch_id": 7, "clock_us": 1717243200123456, "snapshot_tile": 1717243200}'
+    record = BatchRecord.from_json(old)
+    assert record.snapshot == SnapshotMark(tile=1_717_243_200, first=None, batch_id=None)
 
 
 @pytest.mark.parametrize(
