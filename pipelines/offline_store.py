@@ -133,11 +133,16 @@ def write_quarantine(quarantine: DataFrame, settings: Settings) -> None:
      .partitionBy(*QUARANTINE_PARTITION_COLUMNS).parquet(quarantine_path(settings)))
 
 
-def write_snapshots(rows: DataFrame, settings: Settings, name: Snapshot | str) -> str:
-    """Append feature rows to a snapshot table; returns its path."""
-    path = snapshot_path(settings, name)
+def write_snapshots(rows: DataFrame, settings: Settings, name: Snapshot | str, *,
+                    path: str | None = None, mode: Literal["append", "overwrite"] = "append") -> str:
+    """Append feature rows to a snapshot table; returns its path.
+
+    ``path`` writes the table's layout elsewhere (the stream stages a snapshot there
+    before it moves the files in), ``mode`` replaces what is there instead.
+    """
+    path = path or snapshot_path(settings, name)
     configure_parquet(rows.sparkSession)
-    (with_snapshot_partitions(rows).write.mode("append")
+    (with_snapshot_partitions(rows).write.mode(mode)
      .partitionBy(*SNAPSHOT_PARTITION_COLUMNS).parquet(path))
     return path
 

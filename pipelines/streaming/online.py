@@ -144,12 +144,16 @@ class OnlineFeatures:
         from pipelines.streaming.snapshot import write_served_snapshot
 
         assert mark.first is not None and mark.batch_id is not None
+        batch_id = mark.batch_id
+
+        def done() -> None:
+            if batch_log is not None:
+                batch_log.mark(SNAPSHOT_MARK, batch_id)
+                if previous is not None and previous.batch_id is not None:
+                    batch_log.unmark(SNAPSHOT_MARK, previous.batch_id)  # no restart checks it
+
         write_served_snapshot(spark, self.settings, self.store.redis_kwargs,
-                              range(mark.first, mark.tile, self.slide))
-        if batch_log is not None:
-            batch_log.mark(SNAPSHOT_MARK, mark.batch_id)
-            if previous is not None and previous.batch_id is not None:
-                batch_log.unmark(SNAPSHOT_MARK, previous.batch_id)  # no restart checks it now
+                              range(mark.first, mark.tile, self.slide), batch_id, done)
 
     def _check_snapshots(self, spark: SparkSession, batch_log: BatchLog | None) -> None:
         """Collect finished snapshots: one that failed because Redis was away is queued

@@ -27,7 +27,7 @@ of the snapshot's tiles and the entities' hashes, pipelined, on an executor.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import partial
@@ -49,12 +49,15 @@ from pipelines.stream_state import ITEM, USER, dirty_key
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["served_rows", "served_top_rows", "write_served_snapshot", "view_schema", "TOP_SCHEMA"]
+__all__ = ["served_rows", "served_top_rows", "write_served_snapshot", "staging_path", "view_schema",
+           "TOP_SCHEMA", "STAGING"]
 
 log = logging.getLogger(__name__)
 
 _CHUNK = 1000
 """Entities per pipelined round trip."""
+STAGING = "_stream_staging"
+"""Directory beside the snapshot tables where the stream stages a snapshot."""
 _SPARK_TYPES = {"int64": "bigint", "double": "double", "string": "string",
                 "timestamp": "timestamp", "string_list": "array<string>",
                 "double_list": "array<double>"}
@@ -142,33 +145,108 @@ def served_top_rows(_: Iterable[Any], *, redis_kwargs: dict[str, Any]) -> Iterat
         client.close()
 
 
-def _append(frame: DataFrame, settings: Settings, name: str) -> None:
-    from pyspark.sql import functions as F
+class _Files:
+    """The few Hadoop ``FileSystem`` calls the staging needs (any URI the store uses)."""
 
-    offline_store.write_snapshots(frame.withColumn("created", F.current_timestamp()), settings, name)
+    def __init__(self, spark: SparkSession) -> None:
+        jvm = spark._jvm  # type: ignore[attr-defined]
+        assert jvm is not None
+        self._jvm = jvm
+        self._conf = spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+
+    def _path(self, uri: str) -> Any:
+        return self._jvm.org.apache.hadoop.fs.Path(uri)
+
+    def exists(self, uri: str) -> bool:
+        path = self._path(uri)
+        return bool(path.getFileSystem(self._conf).exists(path))
+
+    def move_data_files(self, src: str, dst: str) -> int:
+        """Move every data file under ``src`` to the same relative place under ``dst``
+        (``_SUCCESS``, checksums and other hidden files stay); returns how many."""
+        root = self._path(src)
+        fs = root.getFileSystem(self._conf)
+        if not fs.exists(root):
+            return 0
+        prefix = root.toUri().getPath().rstrip("/") + "/"
+        moved = 0
+        files = fs.listFiles(root, True)
+        found = []
+        while files.hasNext():
+            found.append(files.next().getPath())
+        for path in found:
+            relative = path.toUri().getPath()[len(prefix):]
+            if any(part.startswith(("_", ".")) for part in relative.split("/")):
+                continue
+            target = self._path(f"{dst.rstrip('/')}/{relative}")
+            fs.mkdirs(target.getParent())
+            if not fs.rename(path, target):
+                if not fs.exists(target):
+                    raise OSError(f"could not move {path} to {target}")
+                fs.delete(path, False)  # an earlier attempt copied it (object stores)
+            moved += 1
+        return moved
+
+    def delete(self, uri: str) -> None:
+        path = self._path(uri)
+        fs = path.getFileSystem(self._conf)
+        if fs.exists(path):
+            fs.delete(path, True)
+
+
+def staging_path(settings: Settings, stage_id: int, name: str | None = None) -> str:
+    """Where snapshot ``stage_id`` is written before its files move into the tables."""
+    root = f"{settings.offline_path}/{offline_store.FEATURES}/{STAGING}/{stage_id}"
+    return root if name is None else f"{root}/{name}"
 
 
 def write_served_snapshot(spark: SparkSession, settings: Settings, redis_kwargs: dict[str, Any],
-                          generations: Iterable[int]) -> None:
-    """Append the snapshot of the entities touched in ``generations`` (tile starts) and the lists.
+                          generations: Iterable[int], stage_id: int,
+                          done: Callable[[], None] | None = None) -> None:
+    """Add the snapshot of the entities touched in ``generations`` (tile starts) and the lists.
 
-    Three small Spark jobs (one task each reads Redis), run beside each other: they
-    mostly wait on planning, task launch and the file commit.
+    Exactly once per ``stage_id`` (the batch that asked for it), even when a crash
+    interrupts it and a new process runs it again: the three tables are written to
+    a staging directory first (small Spark jobs, one task each reads Redis, run
+    beside each other); once all three are complete, their files move into the
+    tables (a rename each), then ``done()`` records it and the staging goes. A run
+    after a crash keeps the staged tables that were complete, so what moves in is
+    what the first run read, and moves only the files still staged.
     """
     tiles = sorted(set(generations))
+    files = _Files(spark)
+    names = [spec.name for spec in _VIEWS.values()] + ["top_items"]
+    todo = [name for name in names
+            if not files.exists(staging_path(settings, stage_id, name) + "/_SUCCESS")]
     sc = spark.sparkContext
     frames: list[tuple[Any, str]] = []
     for kind, spec in _VIEWS.items():
-        sets = [dirty_key(kind, g) for g in tiles]
-        rdd = sc.parallelize([sets], 1).flatMap(
-            partial(served_rows, redis_kwargs=redis_kwargs, view=spec.name))
-        frames.append((spark.createDataFrame(rdd, view_schema(spec)), spec.name))
-    top = sc.parallelize([0], 1).mapPartitions(partial(served_top_rows, redis_kwargs=redis_kwargs))
-    top_frame = spark.createDataFrame(top, TOP_SCHEMA)
-    frames.append((top_frame, "top_items"))
-    with ThreadPoolExecutor(max_workers=len(frames), thread_name_prefix="snapshot-write") as pool:
-        writes = [pool.submit(inheriting(spark, _append), frame, settings, name)
-                  for frame, name in frames]
-        for write in writes:
-            write.result()
+        if spec.name in todo:
+            sets = [dirty_key(kind, g) for g in tiles]
+            rdd = sc.parallelize([sets], 1).flatMap(
+                partial(served_rows, redis_kwargs=redis_kwargs, view=spec.name))
+            frames.append((spark.createDataFrame(rdd, view_schema(spec)), spec.name))
+    if "top_items" in todo:
+        top = sc.parallelize([0], 1).mapPartitions(
+            partial(served_top_rows, redis_kwargs=redis_kwargs))
+        frames.append((spark.createDataFrame(top, TOP_SCHEMA), "top_items"))
+    if frames:
+        with ThreadPoolExecutor(max_workers=len(frames), thread_name_prefix="snapshot-write") as pool:
+            writes = [pool.submit(inheriting(spark, _stage), frame, settings, name,
+                                  staging_path(settings, stage_id, name))
+                      for frame, name in frames]
+            for write in writes:
+                write.result()
+    for name in names:
+        files.move_data_files(staging_path(settings, stage_id, name),
+                              offline_store.snapshot_path(settings, name))
+    if done is not None:
+        done()
+    files.delete(staging_path(settings, stage_id))
 
+
+def _stage(frame: DataFrame, settings: Settings, name: str, path: str) -> None:
+    from pyspark.sql import functions as F
+
+    offline_store.write_snapshots(frame.withColumn("created", F.current_timestamp()), settings,
+                                  name, path=path, mode="overwrite")

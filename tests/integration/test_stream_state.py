@@ -260,7 +260,7 @@ def test_items_and_top_lists_over_a_day_of_batches_equal_a_recomputation(
 
 
 def test_a_snapshot_records_the_rows_and_lists_serving_reads(
-    make_settings: Callable[..., Settings], redis_client: Any, spark: Any,
+    make_settings: Callable[..., Settings], redis_client: Any, spark: Any, tmp_path: Any,
 ) -> None:
     """Two batches whose clocks are in different tiles, then the snapshot of the first
     tile: one row per entity touched in it -- the row Redis holds, which is the batch
@@ -278,7 +278,7 @@ def test_a_snapshot_records_the_rows_and_lists_serving_reads(
     from pipelines.streaming.snapshot import write_served_snapshot
     from pipelines.verify import compare_values
 
-    settings = make_settings()
+    settings = make_settings(data_dir=str(tmp_path / "data"))  # snapshot tables of its own
     kwargs = redis_kwargs(settings, timeout_ms=5000)
     store = TileStore(kwargs, slide_seconds=60, last_items_n=5, long_window_seconds=86_400,
                       ttl_seconds=3600, top_n=3)
@@ -301,7 +301,7 @@ def test_a_snapshot_records_the_rows_and_lists_serving_reads(
     tile0, tile1 = store.tile_of(epoch_us(clock0)), store.tile_of(epoch_us(clock1))
     assert tile0 < tile1
 
-    write_served_snapshot(spark, settings, kwargs, range(tile0, tile1, 60))
+    write_served_snapshot(spark, settings, kwargs, range(tile0, tile1, 60), stage_id=1)
 
     def recomputed(spec: Any, entity: str, as_of: datetime) -> dict[str, Any]:
         events = spark.createDataFrame(first + (second if as_of == clock1 else []), EVENT_SCHEMA)
@@ -347,3 +347,77 @@ def test_a_snapshot_records_the_rows_and_lists_serving_reads(
         got = rows.sort_values("rank")
         assert list(got["rank"]) == list(range(1, len(want) + 1))
         assert list(zip(got["item_id"], got["score"], strict=True)) == want, (kind, window, scope)
+
+
+def test_a_snapshot_interrupted_and_run_again_is_written_once(
+    make_settings: Callable[..., Settings], redis_client: Any, spark: Any,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
+) -> None:
+    """A process that dies after staging a snapshot, or after moving it in but before its
+    done-marker, leaves work that the next process's run finishes: every row once, with
+    the values the first run read, not those Redis holds by then."""
+    import pandas as pd
+
+    from pipelines.connections import redis_kwargs
+    from pipelines.offline_store import snapshot_path
+    from pipelines.stream_state import TileStore
+    from pipelines.streaming import snapshot as snap
+
+    settings = make_settings(data_dir=str(tmp_path / "data"))  # snapshot tables of its own
+    kwargs = redis_kwargs(settings, timeout_ms=5000)
+    store = TileStore(kwargs, slide_seconds=60, last_items_n=5, long_window_seconds=86_400,
+                      ttl_seconds=3600, top_n=3)
+
+    def epoch_us(ts: datetime) -> int:
+        return (ts - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+
+    def apply(batch_id: int, rows: list[tuple]) -> int:
+        clock = epoch_us(max(e[2] for e in rows))
+        store.apply(spark, spark.createDataFrame(rows, EVENT_SCHEMA), batch_id=batch_id,
+                    as_of_us=clock)
+        store.write_top_here(batch_id=batch_id, as_of_us=clock)
+        return store.tile_of(clock)
+
+    def table(name: str) -> pd.DataFrame:
+        df = pd.read_parquet(snapshot_path(settings, name)).drop(columns=["created", "event_date"])
+        key = [c for c in df.columns if c not in ("score",)][:3]
+        return df.sort_values([*key, "event_timestamp"]).reset_index(drop=True)
+
+    first = _events(80, 31, span_s=120)
+    tile = apply(0, first)
+    generations = range(tile, tile + 60, 60)
+
+    # 1. staged, then the process dies before any file moved in
+    def dies(*_: Any, **__: Any) -> int:
+        raise OSError("killed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(snap._Files, "move_data_files", dies)
+        with pytest.raises(OSError):
+            snap.write_served_snapshot(spark, settings, kwargs, generations, stage_id=5)
+    later = max(e[2] for e in first) + timedelta(seconds=1)
+    apply(1, _events(80, 32, start=later, span_s=60))  # Redis moves on: newer rows
+    marks: list[int] = []
+    snap.write_served_snapshot(spark, settings, kwargs, generations, stage_id=5,
+                               done=lambda: marks.append(5))
+    assert marks == [5]
+    once = {name: table(name) for name in ("user_activity", "item_stats", "top_items")}
+    assert set(once["user_activity"]["user_id"]) == {e[3] for e in first}
+    # the first run's reads: before batch 1, so as of batch 0's clock
+    assert set(once["user_activity"]["event_timestamp"]) == {
+        pd.Timestamp(max(e[2] for e in first))}
+
+    # 2. moved in, then the process dies before the done-marker: the run again adds nothing
+    def crash() -> None:
+        raise OSError("killed")
+
+    with pytest.raises(OSError):
+        snap.write_served_snapshot(spark, settings, kwargs, generations, stage_id=6, done=crash)
+    twice = {name: table(name) for name in once}
+    snap.write_served_snapshot(spark, settings, kwargs, generations, stage_id=6,
+                               done=lambda: marks.append(6))
+    assert marks == [5, 6]
+    for name in once:
+        pd.testing.assert_frame_equal(table(name), twice[name])
+        assert len(twice[name]) > len(once[name]), name
+        assert not twice[name].astype(str).duplicated().any(), name  # stage 6 added once
