@@ -213,6 +213,15 @@ class OnlineFeatures:
         finally:
             self._top_pool.shutdown(wait=True)
             self._snapshot_pool.shutdown(wait=True)
-        for future, _, _ in self._snapshots:
-            future.result()  # a failure surfaces; a restart writes the snapshot again
-        self._snapshots = []
+        from pipelines.stream import is_redis_outage
+
+        snapshots, self._snapshots = self._snapshots, []
+        for future, mark, _ in snapshots:
+            try:
+                future.result()
+            except Exception as exc:
+                if not is_redis_outage(exc):
+                    raise
+                # not marked done: the next process that starts on this checkpoint writes it
+                log.warning("stream: the snapshot of batch %s was not written (Redis "
+                            "unreachable: %s); the next start writes it", mark.batch_id, exc)
