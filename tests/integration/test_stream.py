@@ -249,14 +249,18 @@ def check_stores(spark: Any, settings: Settings, expected: Expected) -> None:
 
 def check_snapshots(settings: Settings, expected: Expected) -> None:
     """The stream's feature snapshots hold what serving read: rows of entities that have
-    events, never newer than Redis's row, and equal to it where the timestamps agree;
-    the top lists as ranked lists of sold items."""
+    events, never newer than the row Redis ends with; the top lists as ranked lists of
+    sold items. (Values are checked where they can be known: a row read at clock ``T``
+    may be replaced later by one with more events at the same ``T`` -- on-time events
+    behind the clock -- so equality with the final row is not a rule;
+    ``test_stream_state`` checks the values of a snapshot against Redis and the batch
+    recomputation.)"""
     import pandas as pd
 
     from features.feast_layout import ITEM_STATS, USER_ACTIVITY
     from pipelines.connections import redis_client
     from pipelines.offline_store import snapshot_path
-    from pipelines.verify import _read_online, compare_values
+    from pipelines.verify import _read_online
 
     client = redis_client(settings)
     try:
@@ -265,27 +269,17 @@ def check_snapshots(settings: Settings, expected: Expected) -> None:
             snap = pd.read_parquet(snapshot_path(settings, spec.name))
             assert len(snap) > 0 and set(snap[spec.join_key]) <= ids, spec.name
             served = _read_online(client, spec, sorted(set(snap[spec.join_key])))
-            same = 0
             for row in snap.to_dict("records"):
-                ts, values = served[row[spec.join_key]]
                 at = row["event_timestamp"].to_pydatetime()
-                assert at <= ts, (spec.name, row[spec.join_key], at, ts)
-                if at == ts:
-                    mine = {n: row[n].tolist() if hasattr(row[n], "tolist") else row[n]
-                            for n in spec.feature_names}
-                    mine = {n: None if isinstance(v, float) and v != v else
-                            v.to_pydatetime() if hasattr(v, "to_pydatetime") else v
-                            for n, v in mine.items()}
-                    assert compare_values(spec, mine, values) == [], (spec.name, row)
-                    same += 1
-            assert same > 0, spec.name
+                assert at <= served[row[spec.join_key]][0], (spec.name, row)
     finally:
         client.close()
     top = pd.read_parquet(snapshot_path(settings, "top_items"))
     sold = {e.item_id for e in expected.events.values() if e.event_type == "purchase"}
     assert len(top) > 0 and set(top["item_id"]) <= sold
-    for _, rows in top.groupby(["kind", "window", "category_id", "region", "event_timestamp"],
-                               dropna=False):
+    # one list per snapshot (``created``): a later batch with the same clock may rewrite it
+    for _, rows in top.groupby(["kind", "window", "category_id", "region", "event_timestamp",
+                                "created"], dropna=False):
         assert sorted(rows["rank"]) == list(range(1, len(rows) + 1))
 
 
