@@ -40,7 +40,7 @@ task, for its keys, pipelined by chunks:
 4. finalizes the users' and items' features as of the batch's clock ``T``
    (the Python twin of :mod:`features.windows`) and writes them in Feast's layout.
 
-A second one-task job writes the top lists. Summing every sales tile of the 24h
+The top lists are written by :func:`write_top_lists` (on the driver, beside the next batch). Summing every sales tile of the 24h
 window each batch would cost more with every hour the stream has run (1,440
 tiles per key at a one-minute slide), so it keeps a **base**: the units per
 sales key over the window's *closed* tiles, those before the tile of
@@ -95,7 +95,7 @@ __all__ = [
     "top_base_key",
     "keyed_rows",
     "update_batches",
-    "top_partition",
+    "write_top_lists",
     "release",
 ]
 
@@ -105,8 +105,6 @@ SNAPSHOT_MARK = "snapshot"
 """Batch-log marker name of a feature snapshot that was appended."""
 MARKER_FIELD = "_b"
 """Hash field holding the id of the last micro-batch applied to a key."""
-JSON_OPTIONS = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"}
-"""Keep microseconds through JSON (Spark's default format stops at milliseconds)."""
 _CHUNK = 500
 """Keys per pipelined round trip."""
 
@@ -321,7 +319,6 @@ class PassConfig:
     last_items_n: int
     ttl: int
     dirty_ttl: int
-    emit: bool
     open_from: int | None = None
     """First tile (epoch s) this batch or a later one may still change:
     ``tile_of(previous clock - allowed lateness)``; ``None``: every tile is open."""
@@ -336,18 +333,8 @@ class PassConfig:
         return self.current - self.long_window
 
 
-def _encode(row: Mapping[str, Any]) -> str:
-    def default(value: Any) -> Any:
-        if isinstance(value, datetime):
-            return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f+00:00")
-        raise TypeError(type(value).__name__)
-
-    return json.dumps(row, default=default, separators=(",", ":"))
-
-
 _EMIT_SCHEMA = "view string, value string"
-"""Schema of what the pass yields (nothing; ``mapInArrow`` needs one) and of the
-top-list rows (``("top_items", row JSON)``)."""
+"""Schema of what the pass yields: nothing, but ``mapInArrow`` needs one."""
 
 
 def update_batches(batches: Iterator[Any], *, cfg: PassConfig) -> Iterator[Any]:
@@ -599,15 +586,14 @@ def _apply_tile(units: dict[str, list[Any]], entries: Mapping[bytes, bytes], win
         entry[3][window] += sign * int(n)
 
 
-def top_partition(_: Iterator[Any], *, cfg: PassConfig, top_n: int) -> Iterator[tuple[str, str]]:
-    """Top sellers / trending of every scope (one task): the base plus the open tiles.
+def write_top_lists(cfg: PassConfig, top_n: int) -> None:
+    """Top sellers / trending of every scope: the base plus the open tiles.
 
     The base (units per sales key over each window's closed tiles) is moved to this
     batch's range, reading only the tiles that closed or left the window since, and
     replaced with its new range in one transaction; the open tiles (from
     ``cfg.open_from`` to the clock, about ``allowed lateness / slide`` of them) are
-    added on top. Tiles that left the 24h window are deleted. With ``cfg.emit`` it
-    yields ``("top_items", row JSON)``.
+    added on top. Tiles that left the 24h window are deleted.
     """
     import redis
 
@@ -670,8 +656,6 @@ def top_partition(_: Iterator[Any], *, cfg: PassConfig, top_n: int) -> Iterator[
         rows = pyf.rank_top_items(totals, pyf.from_us(cfg.as_of_us), top_n=top_n)
         if rows:
             online_writer.write_top_items(client, rows, top_n=top_n, prune=True)
-        if cfg.emit:
-            yield from (("top_items", _encode(r)) for r in rows)
     finally:
         client.close()
 
@@ -726,10 +710,9 @@ class TileStore:
         """``tile_start`` (epoch seconds) of a time in epoch microseconds."""
         return pyf.tile_of(ts_us, self.slide)
 
-    def config(self, batch_id: int, as_of_us: int, emit: bool,
-               open_from: int | None = None) -> PassConfig:
+    def config(self, batch_id: int, as_of_us: int, open_from: int | None = None) -> PassConfig:
         return PassConfig(self.redis_kwargs, batch_id, as_of_us, self.slide, self.long_window,
-                          self.last_items_n, self.ttl, self.dirty_ttl, emit, open_from)
+                          self.last_items_n, self.ttl, self.dirty_ttl, open_from)
 
     def apply(self, spark: SparkSession, events: DataFrame, *, batch_id: int, as_of_us: int,
               open_from: int | None = None) -> None:
@@ -741,33 +724,16 @@ class TileStore:
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
         rows = keyed_rows(events, slide_seconds=self.slide, last_items_n=self.last_items_n,
                           partitions=partitions)
-        cfg = self.config(batch_id, as_of_us, False, open_from)
+        cfg = self.config(batch_id, as_of_us, open_from)
         rows.mapInArrow(partial(update_batches, cfg=cfg), _EMIT_SCHEMA).write.format(
             "noop").mode("overwrite").save()
 
     def write_top_here(self, *, batch_id: int, as_of_us: int, open_from: int | None = None) -> None:
-        """:meth:`write_top` in the calling process (the driver), without a Spark job.
+        """Recompute and replace every top list, in the calling process (the driver).
 
         What the stream runs beside the next micro-batch: the work is a few hundred
-        Redis commands and a ranking in Python, which a one-task job only delays
-        (scheduling, a worker round trip).
+        Redis commands and a ranking in Python, which a one-task Spark job only
+        delays (scheduling, a worker round trip). ``open_from``:
+        :attr:`PassConfig.open_from` (``None`` reads every tile of the window).
         """
-        cfg = self.config(batch_id, as_of_us, False, open_from)
-        for _ in top_partition(iter(()), cfg=cfg, top_n=self.top_n):
-            pass
-
-    def write_top(self, spark: SparkSession, *, batch_id: int, as_of_us: int,
-                  emit: bool = False, open_from: int | None = None) -> Any:
-        """Recompute and replace every top list (one task); the rows RDD when ``emit``.
-
-        ``open_from``: :attr:`PassConfig.open_from` (``None`` reads every tile of the window).
-        """
-        cfg = self.config(batch_id, as_of_us, emit, open_from)
-        out = spark.sparkContext.parallelize([0], 1).mapPartitions(
-            partial(top_partition, cfg=cfg, top_n=self.top_n))
-        if not emit:
-            out.foreach(lambda _: None)
-            return None
-        out = out.persist()
-        out.count()
-        return out
+        write_top_lists(self.config(batch_id, as_of_us, open_from), self.top_n)

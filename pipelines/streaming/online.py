@@ -10,7 +10,7 @@ events and the event-time clock ``T`` after the batch:
    (:class:`pipelines.stream_state.TileStore`), with item metadata;
 2. when the batch had purchases or the window slid: the top sellers and trending
    lists of every scope, recomputed from a base over the window's closed tiles
-   plus its open ones (:func:`pipelines.stream_state.top_partition`) and replaced
+   plus its open ones (:func:`pipelines.stream_state.write_top_lists`) and replaced
    atomically (:func:`pipelines.online_writer.write_top_items`). This runs on the
    driver beside the *next* micro-batch (:meth:`OnlineFeatures.finish_top`): it
    was a third of a small batch's time, and the features of step 1, which the
@@ -158,20 +158,13 @@ class OnlineFeatures:
     def _check_snapshots(self, spark: SparkSession, batch_log: BatchLog | None) -> None:
         """Collect finished snapshots: one that failed because Redis was away is queued
         again; any other failure fails the calling batch (or the stop)."""
-        from pipelines.stream import is_redis_outage
-
         pending, again = [], []
         for future, mark, previous in self._snapshots:
             if not future.done():
                 pending.append((future, mark, previous))
-                continue
-            try:
-                future.result()
-            except Exception as exc:
-                if not is_redis_outage(exc):
-                    raise
+            elif (outage := _redis_outage_of(future)) is not None:
                 log.warning("stream: the snapshot of batch %s was not written (Redis "
-                            "unreachable: %s); trying again", mark.batch_id, exc)
+                            "unreachable: %s); trying again", mark.batch_id, outage)
                 again.append((mark, previous))
         self._snapshots = pending
         for mark, previous in again:
@@ -188,17 +181,10 @@ class OnlineFeatures:
         after a failed run.
         """
         pending, self._pending_top = self._pending_top, None
-        if pending is not None:
-            try:
-                pending.result()
-            except Exception as exc:
-                from pipelines.stream import is_redis_outage
-
-                if not is_redis_outage(exc):
-                    raise
-                log.warning("stream: the previous batch's top lists were not written (Redis "
-                            "unreachable: %s); the next batch writes them", exc)
-                self._top_redo = True
+        if pending is not None and (outage := _redis_outage_of(pending)) is not None:
+            log.warning("stream: the previous batch's top lists were not written (Redis "
+                        "unreachable: %s); the next batch writes them", outage)
+            self._top_redo = True
         return self._top_redo
 
     def submit_top(self, write: Callable[..., None], **kwargs: Any) -> None:
@@ -213,15 +199,23 @@ class OnlineFeatures:
         finally:
             self._top_pool.shutdown(wait=True)
             self._snapshot_pool.shutdown(wait=True)
-        from pipelines.stream import is_redis_outage
-
         snapshots, self._snapshots = self._snapshots, []
         for future, mark, _ in snapshots:
-            try:
-                future.result()
-            except Exception as exc:
-                if not is_redis_outage(exc):
-                    raise
+            if (outage := _redis_outage_of(future)) is not None:
                 # not marked done: the next process that starts on this checkpoint writes it
                 log.warning("stream: the snapshot of batch %s was not written (Redis "
-                            "unreachable: %s); the next start writes it", mark.batch_id, exc)
+                            "unreachable: %s); the next start writes it", mark.batch_id, outage)
+
+
+def _redis_outage_of(future: Future[None]) -> BaseException | None:
+    """Wait for ``future``: ``None`` when it succeeded, its error when that was Redis being
+    unreachable (the work is redone later); any other error is raised here."""
+    from pipelines.stream import is_redis_outage
+
+    try:
+        future.result()
+    except Exception as exc:
+        if not is_redis_outage(exc):
+            raise
+        return exc
+    return None

@@ -149,10 +149,10 @@ def test_a_replayed_batch_changes_nothing(
 
     store.apply(spark, batches[0], batch_id=0, as_of_us=clock_us)
     store.apply(spark, batches[1], batch_id=1, as_of_us=clock_us)
-    store.write_top(spark, batch_id=1, as_of_us=clock_us)
+    store.write_top_here(batch_id=1, as_of_us=clock_us)
     state = snapshot()
     store.apply(spark, batches[1], batch_id=1, as_of_us=clock_us)  # Spark replays batch 1
-    store.write_top(spark, batch_id=1, as_of_us=clock_us)
+    store.write_top_here(batch_id=1, as_of_us=clock_us)
     assert snapshot() == state
 
     both = batches[0].unionByName(batches[1])
@@ -177,8 +177,6 @@ def test_items_and_top_lists_over_a_day_of_batches_equal_a_recomputation(
     to the allowed lateness before the previous clock: after every batch the item features (a base over the closed tiles
     plus the open ones) and the top lists equal features.windows over every event so far;
     tiles that left the 24h window are gone, and a replayed top write changes nothing."""
-    import json
-
     from features.feast_layout import ITEM_STATS
     from features.tiles import item_tiles, sales_tiles
     from features.windows import finalize_item_features, finalize_top_items
@@ -190,7 +188,10 @@ def test_items_and_top_lists_over_a_day_of_batches_equal_a_recomputation(
         tiles_key,
         top_base_key,
     )
+    from pipelines.streaming.snapshot import TOP_SCHEMA, served_top_rows
     from pipelines.verify import compare_values
+
+    TOP_FIELDS = [c.split()[0] for c in TOP_SCHEMA.split(", ")]
 
     settings = make_settings()
     lateness_s = 600
@@ -223,16 +224,15 @@ def test_items_and_top_lists_over_a_day_of_batches_equal_a_recomputation(
                      else store.tile_of(prev_clock_us - lateness_s * 1_000_000))
         store.apply(spark, spark.createDataFrame(batch, EVENT_SCHEMA), batch_id=batch_id,
                     as_of_us=clock_us, open_from=open_from)
-        got = store.write_top(spark, batch_id=batch_id, as_of_us=clock_us, emit=True,
-                              open_from=open_from)
+        store.write_top_here(batch_id=batch_id, as_of_us=clock_us, open_from=open_from)
+        got = [dict(zip(TOP_FIELDS, r, strict=True))
+               for r in served_top_rows([], redis_kwargs=store.redis_kwargs)]
         clock = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=clock_us)
         every = spark.createDataFrame(everything, EVENT_SCHEMA)
         expected = finalize_top_items(sales_tiles(every, slide_seconds=60), clock,
                                       slide_seconds=60, top_n=4).collect()
         assert expected, batch_id
-        assert rows_of([json.loads(v) for _, v in got.collect()]) == rows_of(
-            [r.asDict() for r in expected]), f"batch {batch_id}"
-        got.unpersist()
+        assert rows_of(got) == rows_of([r.asDict() for r in expected]), f"batch {batch_id}"
         items = finalize_item_features(item_tiles(every, slide_seconds=60), clock,
                                        slide_seconds=60).collect()
         assert len(items) == 6, batch_id
@@ -254,8 +254,8 @@ def test_items_and_top_lists_over_a_day_of_batches_equal_a_recomputation(
                 for k in redis_client.scan_iter(sales_tile_key(0).rsplit(":", 1)[0] + ":*")]
     assert per_tile and min(per_tile) >= first_kept, sorted(per_tile)[:5]
     base = redis_client.hgetall(top_base_key())
-    store.write_top(spark, batch_id=len(steps) - 1, as_of_us=prev_clock_us,
-                    open_from=open_from)  # a replay
+    store.write_top_here(batch_id=len(steps) - 1, as_of_us=prev_clock_us,
+                         open_from=open_from)  # a replay
     assert redis_client.hgetall(top_base_key()) == base
 
 
