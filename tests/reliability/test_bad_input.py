@@ -215,7 +215,8 @@ def test_every_bad_kind_is_quarantined_by_the_running_stream(
     assert totals["total_on_time"] == len(expected.events)
     assert mid["total_quarantined"] < n_quarantined  # the second wave came after
 
-    check_stores(spark, settings, expected)  # raw store, quarantine multiset, verify 100 %
+    # raw store, quarantine multiset, verify 100 % (the clock stays in one slide: no snapshot)
+    check_stores(spark, settings, expected, snapshots=False)
 
     # null keys are kept as null in the quarantine
     from pipelines.offline_store import quarantine_path
