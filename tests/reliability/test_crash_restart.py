@@ -11,7 +11,9 @@ where the generator was when a kill hit):
 * the raw offline store holds every valid event once, with its values;
 * the quarantine holds every malformed record once, with its reason code;
 * every sampled Redis feature equals the batch recomputation (``verify``: 100 %),
-  i.e. no event lost and none counted twice in the online store either.
+  i.e. no event lost and none counted twice in the online store either;
+* the feature snapshots (due every 10 s of event time here, some cut by a kill and
+  written by the next process) hold what serving read.
 
 Default (CI): 3 kills, 20 events/s. Full: 6 kills, 100 events/s.
 """
@@ -65,7 +67,12 @@ def test_sigkill_at_random_moments_while_generating_loses_nothing(
     topic = topic_name("crash", tmp_path)
     settings = stream_settings(make_settings, tmp_path, topic,
                                stream_max_offsets_per_trigger=size(120, 300),
-                               stream_trigger_seconds=0.5)
+                               stream_trigger_seconds=0.5,
+                               # a 10 s slide: the event-time clock crosses several tile
+                               # boundaries during the run, so feature snapshots are due
+                               # (and some are cut by a kill and redone); with the 60 s
+                               # default a run can stay in one slide and write none
+                               feature_slide_seconds=10)
     create_topic(settings, topic)
     checkpoint = Path(query_checkpoint(settings))
     rng = random.Random(SEED)
