@@ -61,6 +61,8 @@ from pipelines.stream_metrics import BatchStats, MetricsRecorder, ProgressListen
 from pipelines.stream_state import BatchLog, BatchRecord, release
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
@@ -77,6 +79,7 @@ __all__ = [
     "ship_code",
     "StreamFailed",
     "is_redis_outage",
+    "redis_outage_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -242,6 +245,19 @@ def is_redis_outage(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return any(marker in text for marker in _REDIS_OUTAGE_MARKERS)
+
+
+def redis_outage_of(future: Future[Any]) -> BaseException | None:
+    """Wait for ``future`` (work beside the stream): ``None`` when it succeeded, its error
+    when that was Redis being unreachable (the caller redoes the work later); any other
+    error is raised here."""
+    try:
+        future.result()
+    except Exception as exc:
+        if not is_redis_outage(exc):
+            raise
+        return exc
+    return None
 
 
 # ----------------------------------------------------------- foreachBatch
@@ -531,7 +547,7 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
 
             check_slots(spark, settings)
 
-            rtm = start_realtime(spark, settings)
+            rtm = start_realtime(spark, settings, snapshots=options.snapshots)
             options = StreamOptions(stop=options.stop, idle_seconds=options.idle_seconds,
                                     online=False, snapshots=False,
                                     timeout_seconds=options.timeout_seconds)

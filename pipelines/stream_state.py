@@ -91,6 +91,7 @@ __all__ = [
     "MARKER_FIELD",
     "tiles_key",
     "dirty_key",
+    "DIRTY_TTL_SECONDS",
     "sales_tile_key",
     "top_base_key",
     "keyed_rows",
@@ -276,6 +277,10 @@ def sales_tile_key(tile_start: int) -> str:
 def top_base_key() -> str:
     """Hash of the top lists' base: units per sales key over the window's closed tiles."""
     return online_keys.key("stream", "top-base")
+
+
+DIRTY_TTL_SECONDS = 24 * 3600
+"""TTL of the per-tile sets of touched entities (snapshots read them within a slide)."""
 
 
 def dirty_key(kind: str, generation: int) -> str:

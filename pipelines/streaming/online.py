@@ -37,19 +37,18 @@ from features.windows import LONG_WINDOW, WINDOW_SECONDS
 from pipelines.connections import redis_kwargs
 from pipelines.settings import Settings
 from pipelines.spark import detached
-from pipelines.stream_state import SNAPSHOT_MARK, SnapshotMark, TileStore
+from pipelines.stream import redis_outage_of
+from pipelines.stream_state import DIRTY_TTL_SECONDS, SNAPSHOT_MARK, SnapshotMark, TileStore
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from pipelines.stream_state import BatchLog
 
-__all__ = ["OnlineFeatures", "DIRTY_TTL_SECONDS"]
+__all__ = ["OnlineFeatures"]
 
 log = logging.getLogger(__name__)
 
-DIRTY_TTL_SECONDS = 24 * 3600
-"""TTL of the per-tile sets of touched entities (snapshots read them within a slide)."""
 _SNAPSHOT_GROUP = "shopstream-snapshot"
 """Spark job group of the snapshot jobs: their own, so stopping the query lets them finish."""
 
@@ -162,7 +161,7 @@ class OnlineFeatures:
         for future, mark, previous in self._snapshots:
             if not future.done():
                 pending.append((future, mark, previous))
-            elif (outage := _redis_outage_of(future)) is not None:
+            elif (outage := redis_outage_of(future)) is not None:
                 log.warning("stream: the snapshot of batch %s was not written (Redis "
                             "unreachable: %s); trying again", mark.batch_id, outage)
                 again.append((mark, previous))
@@ -181,7 +180,7 @@ class OnlineFeatures:
         after a failed run.
         """
         pending, self._pending_top = self._pending_top, None
-        if pending is not None and (outage := _redis_outage_of(pending)) is not None:
+        if pending is not None and (outage := redis_outage_of(pending)) is not None:
             log.warning("stream: the previous batch's top lists were not written (Redis "
                         "unreachable: %s); the next batch writes them", outage)
             self._top_redo = True
@@ -201,21 +200,8 @@ class OnlineFeatures:
             self._snapshot_pool.shutdown(wait=True)
         snapshots, self._snapshots = self._snapshots, []
         for future, mark, _ in snapshots:
-            if (outage := _redis_outage_of(future)) is not None:
+            if (outage := redis_outage_of(future)) is not None:
                 # not marked done: the next process that starts on this checkpoint writes it
                 log.warning("stream: the snapshot of batch %s was not written (Redis "
                             "unreachable: %s); the next start writes it", mark.batch_id, outage)
 
-
-def _redis_outage_of(future: Future[None]) -> BaseException | None:
-    """Wait for ``future``: ``None`` when it succeeded, its error when that was Redis being
-    unreachable (the work is redone later); any other error is raised here."""
-    from pipelines.stream import is_redis_outage
-
-    try:
-        future.result()
-    except Exception as exc:
-        if not is_redis_outage(exc):
-            raise
-        return exc
-    return None

@@ -1,7 +1,7 @@
 """The online path in Spark's Real-time Mode (``trigger(realTime=...)``, Spark 4.1+; stateful in 4.3).
 
 A second query beside the micro-batch one (which keeps the quarantine and the raw
-events; feature snapshots are not written in this mode)::
+events)::
 
     Kafka -> verdict (features.validation) -> valid events
       -> watermark(event_time, allowed lateness) -> dropDuplicates(event_id, event_time)
@@ -9,7 +9,8 @@ events; feature snapshots are not written in this mode)::
          (update mode: every change is emitted at once, through a pipelined shuffle)
       -> Kafka sink: full tiles as JSON on ``kafka_topic_rt_tiles``, keyed by (kind, key)
     TileFeed (a thread of the driver): tiles -> Redis (idempotent overwrite), the clock T,
-      features of the touched entities as of T (Feast's layout), top lists
+      features of the touched entities as of T (Feast's layout), top lists;
+      when T enters a new tile, a feature snapshot (below)
 
 Why one aggregation: Real-time Mode (like every update-mode query) runs a single
 streaming aggregation per query, and a second query would read Kafka again, so
@@ -26,6 +27,14 @@ Real-time Mode supports, so tiles leave Spark as they are computed; the feed
 polls them within milliseconds. Tiles are full values keyed by (kind, key), so
 per-key order is kept and a replay (after a restart of either side) rewrites
 the same values: at-least-once is exact.
+
+Feature snapshots: the feed adds the entities it touches to the set of the clock's
+tile (as the micro-batch path does, :func:`pipelines.stream_state.dirty_key`); when
+a flush moves the clock into a new tile, a Lua script records, atomically with the
+new boundary, a snapshot asked for (the tiles since the last boundary) in a Redis
+hash. A thread of the driver writes it (:func:`pipelines.streaming.snapshot.write_served_snapshot`:
+staged, moved in, then the request is deleted), so a request a crash or a Redis
+outage interrupted is written by the next start, once.
 
 The finalize step is the Python twin of :mod:`features.windows`
 (:mod:`pipelines.streaming.pyfeatures`, shared with the micro-batch path;
@@ -53,6 +62,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -60,6 +70,9 @@ import orjson
 
 from features.windows import LONG_WINDOW, WINDOW_SECONDS
 from pipelines.settings import Settings
+from pipelines.spark import detached
+from pipelines.stream import is_redis_outage, redis_outage_of
+from pipelines.stream_state import DIRTY_TTL_SECONDS, dirty_key
 from pipelines.streaming.pyfeatures import (
     TILE_OF_ROW,
     ItemMetadata,
@@ -85,6 +98,7 @@ __all__ = [
     "start_realtime",
     "rt_tiles_key",
     "rt_clock_key",
+    "rt_snapshot_keys",
     "required_slots",
     "check_slots",
 ]
@@ -115,6 +129,20 @@ def rt_clock_key() -> str:
     return online_keys.key("stream", "rt", "clock")
 
 
+def rt_snapshot_keys() -> tuple[str, str]:
+    """The tile of the last snapshot boundary, and the hash of snapshots asked for and
+    not written yet (tile -> first tile covered)."""
+    from features import online_keys
+
+    return (online_keys.key("stream", "rt", "snapshot-tile"),
+            online_keys.key("stream", "rt", "snapshots-due"))
+
+
+SNAPSHOT_SLOTS = 3
+"""Task slots a feature snapshot holds while it runs (three one-task jobs side by side)."""
+_SNAPSHOT_GROUP = "shopstream-rt-snapshot"
+
+
 # ------------------------------------------------------------------ writer
 def _encode_tile(row: Mapping[str, Any]) -> str:
     return orjson.dumps(row).decode()
@@ -133,6 +161,24 @@ end
 return stored
 """
 """Advance the clock to max(stored, new); returns it as the stored string (exact digits)."""
+
+_SNAPSHOT_DUE_LUA = """
+local stored = redis.call('GET', KEYS[1])
+if not stored then
+  redis.call('SET', KEYS[1], ARGV[1])
+  return 0
+end
+if tonumber(ARGV[1]) > tonumber(stored) then
+  local first = stored
+  if tonumber(ARGV[2]) > tonumber(stored) then first = ARGV[2] end
+  redis.call('HSET', KEYS[2], ARGV[1], first)
+  redis.call('SET', KEYS[1], ARGV[1])
+  return 1
+end
+return 0
+"""
+"""The clock is in tile ARGV[1]: past the last boundary, ask for the snapshot of the tiles
+since it (not before ARGV[2]) and move the boundary, in one step; 1 when one was asked for."""
 
 
 class RealtimeWriter:
@@ -159,6 +205,8 @@ class RealtimeWriter:
 
         self._client = redis.Redis(**self.redis_kwargs)
         self._clock = self._client.register_script(_CLOCK_LUA)
+        self._snapshot_due = self._client.register_script(_SNAPSHOT_DUE_LUA)
+        self.snapshot_asked = False
         self._buffer: list[dict[str, Any]] = []
         self._last_top = 0.0
         self.top_dirty = False
@@ -211,12 +259,19 @@ class RealtimeWriter:
 
         users = sorted(touched["user"])
         items = sorted(touched["item"])
+        current = tile_of(as_of, self.slide)
         with client.pipeline(transaction=False) as pipe:
+            # the touched entities, for the snapshot of the clock's tile
+            for kind, keys in (("user", users), ("item", items)):
+                if keys:
+                    pipe.sadd(dirty_key(kind, current), *keys)
+                    pipe.expire(dirty_key(kind, current), DIRTY_TTL_SECONDS)
+            marks = len(pipe)
             for key in users:
                 pipe.hgetall(rt_tiles_key("user", key))
             for key in items:
                 pipe.hgetall(rt_tiles_key("item", key))
-            stored = pipe.execute()
+            stored = pipe.execute()[marks:]
         user_rows = [finalize_user(key, [_decode_tile(v) for v in m.values()], as_of,
                                    slide_seconds=self.slide, last_items_n=self.last_items_n)
                      for key, m in zip(users, stored[:len(users)], strict=True)]
@@ -235,6 +290,16 @@ class RealtimeWriter:
         self._latencies.extend(done - r["max_us"] / 1e6 for r in latest.values())
         if self.top_dirty and (final or done - self._last_top >= TOP_EVERY_SECONDS):
             self._write_top(as_of)
+        # after this flush's rows: the snapshot reads them (the next flushes touch the
+        # sets of this tile or later ones, never those it covers)
+        if self._snapshot_due(keys=list(rt_snapshot_keys()),
+                              args=[current, current - WINDOW_SECONDS[LONG_WINDOW]]):
+            self.snapshot_asked = True
+
+    def snapshots_asked(self) -> dict[int, int]:
+        """The snapshots asked for and not written yet: tile -> the first tile covered."""
+        asked = self._client.hgetall(rt_snapshot_keys()[1])
+        return {int(tile): int(first) for tile, first in asked.items()}
 
     def _write_top(self, as_of: datetime) -> None:
         from pipelines import online_writer
@@ -277,40 +342,94 @@ class TileFeed:
     cover are in Redis; a restart, or a Redis outage (the feed seeks back to its last
     commit and retries for ``stream_redis_outage_seconds``), replays full tiles,
     which rewrite the same values.
+
+    With ``spark``, the feature snapshots the writer asks for are written by one
+    thread beside the feed (Spark jobs of their own group), one at a time; those
+    still asked for when the feed starts (a crash, an outage) first.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, spark: SparkSession | None = None) -> None:
         self.settings = settings
         self.topic = settings.kafka_topic_rt_tiles
         self.writer = RealtimeWriter(settings)
+        self.spark = spark
         self._stop = threading.Event()
         self._idle = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="rt-tile-feed", daemon=True)
+        self._snapshot_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rt-snapshot")
+        self._snapshots: dict[int, Future[None]] = {}  # tile -> its run, while it runs
+        self._snapshots_redo = True  # look up the snapshots asked for (at start, after an outage)
 
     def start(self) -> None:
         self._thread.start()
 
     def caught_up(self) -> bool:
-        """Every tile the query has sent so far is in Redis."""
+        """Every tile the query has sent so far is in Redis, and the snapshots are written."""
         self.check()
-        return self._idle.is_set()
+        return self._idle.is_set() and not self._snapshots
 
     def check(self) -> None:
         if self._error is not None:
             raise RuntimeError(f"real-time tile feed failed: {self._error}") from self._error
 
     def stop(self, timeout_s: float = 120.0) -> None:
-        """Write what the topic holds, then stop."""
+        """Write what the topic holds and the snapshots asked for, then stop."""
         self._stop.set()
         self._thread.join(timeout_s)
+        self._snapshot_pool.shutdown(wait=True)
+        for tile, future in sorted(self._snapshots.items()):
+            if (outage := redis_outage_of(future)) is not None:
+                # still asked for in Redis: the next start writes it
+                log.warning("real-time: the snapshot of tile %d was not written (Redis "
+                            "unreachable: %s); the next start writes it", tile, outage)
+        self._snapshots = {}
         self.check()
+
+    # ---------------------------------------------------------- snapshots
+    def _snapshots_step(self) -> None:
+        """Collect finished snapshots (an outage: asked for again), submit those asked for."""
+        for tile, future in list(self._snapshots.items()):
+            if future.done():
+                del self._snapshots[tile]
+                if (outage := redis_outage_of(future)) is not None:
+                    log.warning("real-time: the snapshot of tile %d was not written (Redis "
+                                "unreachable: %s); trying again", tile, outage)
+                    self._snapshots_redo = True
+        if self.spark is None or not (self.writer.snapshot_asked or self._snapshots_redo):
+            return
+        asked = self.writer.snapshots_asked()
+        self.writer.snapshot_asked = self._snapshots_redo = False
+        for tile in sorted(asked):
+            if tile not in self._snapshots:
+                self._snapshots[tile] = self._snapshot_pool.submit(
+                    detached(self.spark, self._write_snapshot, _SNAPSHOT_GROUP),
+                    tile, asked[tile])
+
+    def _write_snapshot(self, tile: int, first: int) -> None:
+        import redis
+
+        from pipelines.streaming.snapshot import write_served_snapshot
+
+        assert self.spark is not None
+        slide = self.settings.feature_slide_seconds
+        kwargs = self.writer.redis_kwargs
+
+        def done() -> None:
+            client = redis.Redis(**kwargs)
+            try:
+                client.hdel(rt_snapshot_keys()[1], str(tile))
+            finally:
+                client.close()
+
+        log.info("real-time: feature snapshot of the tiles %d..%d", first, tile - slide)
+        write_served_snapshot(self.spark, self.settings, kwargs, range(first, tile, slide),
+                              f"rt-{tile}", done)
 
     def _run(self) -> None:
         from kafka import TopicPartition
 
         from pipelines.connections import kafka_consumer
-        from pipelines.stream import is_redis_outage
 
         consumer = kafka_consumer(self.settings, group_id=f"{QUERY_NAME}-feed")
         outage_since: float | None = None
@@ -331,9 +450,11 @@ class TileFeed:
                             self.writer.add(row)
                         self.writer.flush()
                         consumer.commit()
+                        self._snapshots_step()
                     else:
                         if self.writer.top_dirty:
                             self.writer.flush(final=True)
+                        self._snapshots_step()  # before idle: one asked for is under way
                         ends = consumer.end_offsets(tps)
                         if all(consumer.position(tp) >= ends[tp] for tp in tps):
                             self._idle.set()
@@ -354,6 +475,7 @@ class TileFeed:
                     time.sleep(1.0)
                     self.writer.disconnect()
                     self.writer.connect()
+                    self._snapshots_redo = True
                     self._rewind(consumer, tps)
             self.writer.report()
         except BaseException as exc:  # noqa: BLE001 - surfaced by check()
@@ -439,10 +561,12 @@ class RealtimeQuery:
 
 def required_slots(settings: Settings) -> int:
     """Task slots Real-time Mode holds (Kafka partitions + 2 one-partition stateful stages)
-    plus what the micro-batch query beside it needs: its two Parquet sinks run as
-    concurrent jobs, each on its shuffle partitions (with fewer free slots the pipelined
-    stage group fails with CONCURRENT_SCHEDULER_INSUFFICIENT_SLOT, seen in a test run)."""
-    return settings.kafka_topic_partitions + 2 + 2 * settings.spark_shuffle_partitions
+    plus what may run beside it: the micro-batch query's two Parquet sinks, concurrent
+    jobs each on its shuffle partitions, and a feature snapshot (with fewer free slots
+    the pipelined stage group fails with CONCURRENT_SCHEDULER_INSUFFICIENT_SLOT when it
+    starts its next batch, seen in a test run)."""
+    return (settings.kafka_topic_partitions + 2 + 2 * settings.spark_shuffle_partitions
+            + SNAPSHOT_SLOTS)
 
 
 def check_slots(spark: SparkSession, settings: Settings) -> None:
@@ -457,13 +581,16 @@ def check_slots(spark: SparkSession, settings: Settings) -> None:
         raise RuntimeError(
             f"Real-time Mode needs {need} concurrent task slots ({settings.kafka_topic_partitions} "
             f"Kafka partitions + 2 stateful stages, plus 2 x {settings.spark_shuffle_partitions} for "
-            f"the micro-batch query's two sinks) but {master} has {slots}; Spark would fail with "
+            f"the micro-batch query's two sinks and {SNAPSHOT_SLOTS} for a feature snapshot) but "
+            f"{master} has {slots}; Spark would fail with "
             "CONCURRENT_SCHEDULER_INSUFFICIENT_SLOT. Set SHOPSTREAM_SPARK_MASTER=local["
             f"{need}] (threads; they may exceed the cores) or add executors.")
 
 
-def start_realtime(spark: SparkSession, settings: Settings) -> RealtimeQuery:
-    """Start the Real-time online query (see the module docstring); returns at once."""
+def start_realtime(spark: SparkSession, settings: Settings, *,
+                   snapshots: bool = True) -> RealtimeQuery:
+    """Start the Real-time online query (see the module docstring); returns at once.
+    ``snapshots=False``: no feature snapshots are written (the entities are still noted)."""
     from pyspark.sql import functions as F
 
     from features.events import VALID_COLUMNS
@@ -483,7 +610,7 @@ def start_realtime(spark: SparkSession, settings: Settings) -> RealtimeQuery:
                         last_items_n=settings.feature_last_items_n)
     out = tile_messages(tiles)
     ensure_topic(settings)
-    feed = TileFeed(settings)
+    feed = TileFeed(settings, spark if snapshots else None)
     feed.start()
     # one shuffle partition per stateful stage: the query holds Kafka partitions + 2 slots
     previous = spark.conf.get("spark.sql.shuffle.partitions")

@@ -194,18 +194,19 @@ class _Files:
             fs.delete(path, True)
 
 
-def staging_path(settings: Settings, stage_id: int, name: str | None = None) -> str:
-    """Where snapshot ``stage_id`` is written before its files move into the tables."""
+def staging_path(settings: Settings, stage_id: int | str, name: str | None = None) -> str:
+    """Where snapshot ``stage_id`` is written before its files move into the tables
+    (the micro-batch stream's are batch ids, Real-time Mode's ``rt-<tile>``)."""
     root = f"{settings.offline_path}/{offline_store.FEATURES}/{STAGING}/{stage_id}"
     return root if name is None else f"{root}/{name}"
 
 
 def write_served_snapshot(spark: SparkSession, settings: Settings, redis_kwargs: dict[str, Any],
-                          generations: Iterable[int], stage_id: int,
+                          generations: Iterable[int], stage_id: int | str,
                           done: Callable[[], None] | None = None) -> None:
     """Add the snapshot of the entities touched in ``generations`` (tile starts) and the lists.
 
-    Exactly once per ``stage_id`` (the batch that asked for it), even when a crash
+    Exactly once per ``stage_id`` (what asked for it), even when a crash
     interrupts it and a new process runs it again: the three tables are written to
     a staging directory first (small Spark jobs, one task each reads Redis, run
     beside each other); once all three are complete, their files move into the

@@ -174,6 +174,86 @@ def test_rows_after_a_throttled_top_write_reach_the_lists_on_the_final_flush(
         writer.disconnect()
 
 
+def _two_flushes(spark: Any, settings: Settings) -> tuple[list[dict[str, Any]],
+                                                             list[dict[str, Any]], int, int]:
+    """Tile rows of 20 minutes written in two flushes: the tiles up to the third, then the
+    rest; returns both parts and the clock's tile after each flush."""
+    from pipelines.streaming.realtime import RealtimeWriter
+
+    rows, _, _ = _rows_and_last(spark)
+    tiles = sorted({r["tile_start"] for r in rows})
+    early = [r for r in rows if r["tile_start"] <= tiles[2]]
+    later = [r for r in rows if r["tile_start"] > tiles[2]]
+    writer = RealtimeWriter(settings)
+    writer.connect()
+    try:
+        for row in early:
+            writer.add(row)
+        writer.flush(final=True)
+        assert not writer.snapshot_asked, "a snapshot asked for by the first flush"
+        for row in later:
+            writer.add(row)
+        writer.flush(final=True)
+        assert writer.snapshot_asked
+    finally:
+        writer.disconnect()
+    return early, later, tiles[2], tiles[-1]
+
+
+def test_the_writer_notes_touched_entities_and_asks_for_a_snapshot_in_a_new_tile(
+    spark: Any, settings: Settings, redis_client: Any,
+) -> None:
+    """The entities a flush touches go to the set of the clock's tile; when a flush moves
+    the clock into a later tile, the snapshot of the tiles since the last boundary is asked
+    for (once), with the boundary moved in the same step."""
+    from pipelines.stream_state import dirty_key
+    from pipelines.streaming.realtime import rt_snapshot_keys
+
+    early, later, first_tile, last_tile = _two_flushes(spark, settings)
+    boundary, asked = rt_snapshot_keys()
+    assert int(redis_client.get(boundary)) == last_tile
+    assert redis_client.hgetall(asked) == {str(last_tile).encode(): str(first_tile).encode()}
+    for kind in ("user", "item"):
+        for part, tile in ((early, first_tile), (later, last_tile)):
+            touched = {r["key"] for r in part if r["kind"] == kind}
+            assert {m.decode() for m in redis_client.smembers(dirty_key(kind, tile))} == touched
+
+
+def test_a_snapshot_asked_for_before_a_stop_is_written_by_the_next_feed(
+    spark: Any, make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any,
+    topic: str, tmp_path: Path,
+) -> None:
+    """A snapshot still asked for when the feed starts (the process stopped first) is
+    written: the first tile's entities with the rows Redis holds for them, the top lists;
+    then the request is gone, and a second start writes nothing more."""
+    import pandas as pd
+
+    from features.feast_layout import ITEM_STATS, USER_ACTIVITY
+    from pipelines.offline_store import snapshot_path
+    from pipelines.streaming.realtime import TileFeed, rt_snapshot_keys
+    from pipelines.verify import _read_online
+
+    settings = make_settings(kafka_topic_rt_tiles=topic, data_dir=str(tmp_path / "data"))
+    early, _, _, _ = _two_flushes(spark, settings)
+    for _ in range(2):
+        feed = TileFeed(settings, spark)
+        feed.start()
+        deadline = time.monotonic() + 120
+        while not feed.caught_up():
+            assert time.monotonic() < deadline, "the snapshot was not written within 120 s"
+            time.sleep(0.1)
+        feed.stop()
+    assert redis_client.hlen(rt_snapshot_keys()[1]) == 0
+    for spec, kind in ((USER_ACTIVITY, "user"), (ITEM_STATS, "item")):
+        snap = pd.read_parquet(snapshot_path(settings, spec.name))
+        assert sorted(snap[spec.join_key]) == sorted({r["key"] for r in early if r["kind"] == kind})
+        served = _read_online(redis_client, spec, list(snap[spec.join_key]))
+        for row in snap.to_dict("records"):
+            assert row["event_timestamp"].to_pydatetime() == served[row[spec.join_key]][0]
+    top = pd.read_parquet(snapshot_path(settings, "top_items"))
+    assert len(top) > 0 and top["created"].nunique() == 1
+
+
 def test_tile_feed_applies_what_spark_sends_through_kafka(
     spark: Any, make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any,
     topic: str,
@@ -253,18 +333,37 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
     make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any, spark: Any,
     tmp_path: Path,
 ) -> None:
-    """Wave 1 only (no late events): the Real-time online values equal the batch values."""
+    """Wave 1 only (no late events): the Real-time online values equal the batch values, and
+    the feature snapshots hold what serving read. The first 300 records go in before the
+    job starts, the rest once the feed has written them, so the clock enters new tiles
+    after the feed's first flush and snapshots are due (one flush of everything asks for
+    none)."""
+    from pipelines.streaming.realtime import required_slots, rt_snapshot_keys
+
     topic = f"rtm.{tmp_path.name[-20:]}".replace("_", "-")
     settings = stream_settings(make_settings, tmp_path, topic, stream_mode="realtime",
-                               stream_realtime_checkpoint_seconds=5, spark_master="local[8]")
+                               stream_realtime_checkpoint_seconds=5)
+    settings = settings.model_copy(update={"spark_master": f"local[{required_slots(settings)}]"})
     create_topic(settings, topic)
     first = wave1()
-    produce(settings, first)
+    produce(settings, first[:300])
     env = _env(settings)
+    boundary, asked = rt_snapshot_keys()
     log_path = tmp_path / "stream.log"
     with open(log_path, "ab") as log:
-        done = subprocess.run([sys.executable, "-m", "pipelines.cli", "stream", "--until-idle", "12"],
-                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900,
-                              check=False)
-    assert done.returncode == 0, log_path.read_text()[-3000:]
-    check_stores(spark, settings, expected_outcome(first), snapshots=False)  # none in this mode
+        job = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "stream", "--until-idle",
+                                "12"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 600
+            while not redis_client.exists(boundary):
+                assert job.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, "the feed wrote nothing within 600 s"
+                time.sleep(0.2)
+            produce(settings, first[300:])
+            assert job.wait(timeout=900) == 0, log_path.read_text()[-3000:]
+        finally:
+            if job.poll() is None:
+                job.kill()
+    check_stores(spark, settings, expected_outcome(first))
+    assert redis_client.hlen(asked) == 0, "snapshots asked for and not written"
+    assert "real-time: feature snapshot of the tiles" in log_path.read_text()
