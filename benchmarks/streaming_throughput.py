@@ -190,8 +190,14 @@ def _probe(settings: Any, topic: str, probes: int, gap_s: float, timeout_s: floa
             while time.monotonic() < deadline:
                 if client.hexists(key, timestamp_field(ITEM_STATS.name)):
                     latencies.append((datetime.now(UTC) - sent).total_seconds())
+                    if latencies[-1] > 1.0:  # when, to set beside the driver's log
+                        print(f"[streaming] probe {i} sent {sent:%H:%M:%S.%f}: "
+                              f"{latencies[-1]:.2f} s", flush=True)
                     break
                 time.sleep(0.005)
+            else:
+                print(f"[streaming] probe {i} sent {sent:%H:%M:%S.%f}: not seen within "
+                      f"{timeout_s:.0f} s", flush=True)
             time.sleep(gap_s + rnd.uniform(0.0, PROBE_JITTER_S))
     finally:
         producer.close()
@@ -228,8 +234,29 @@ def _stop_driver(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def _wait_for_clock(settings: Any, proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
-    """Until the Real-time writer has written its event-time clock (it processes traffic)."""
+PROBE_TIMEOUT_S = 60.0
+"""How long a freshness probe waits for its item to be online before it counts as missed."""
+CAUGHT_UP_LAG_S = 5.0
+"""Real-time probes start once the clock is this close to now (then the warm-up)."""
+
+
+def _clear_clock(settings: Any) -> None:
+    """Forget the Real-time clock of an earlier run on this Redis, so that waiting for the
+    clock waits for this run (a stale one let the probes start before the query did)."""
+    from pipelines.connections import redis_client
+    from pipelines.streaming.realtime import rt_clock_key
+
+    client = redis_client(settings, timeout_ms=2000)
+    try:
+        client.delete(rt_clock_key())
+    finally:
+        client.close()
+
+
+def _wait_for_clock(settings: Any, proc: subprocess.Popen[bytes], timeout_s: float,
+                    lag_s: float = CAUGHT_UP_LAG_S) -> bool:
+    """Until the Real-time writer's event-time clock is within ``lag_s`` of now: it has
+    caught up with the live traffic sent while the driver started."""
     from pipelines.connections import redis_client
     from pipelines.streaming.realtime import rt_clock_key
 
@@ -237,16 +264,13 @@ def _wait_for_clock(settings: Any, proc: subprocess.Popen[bytes], timeout_s: flo
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline and proc.poll() is None:
-            if client.exists(rt_clock_key()):
+            clock = client.get(rt_clock_key())
+            if clock is not None and time.time() - int(clock) / 1e6 <= lag_s:
                 return True
             time.sleep(0.2)
     finally:
         client.close()
     return False
-
-
-PROBE_TIMEOUT_S = 60.0
-"""How long a freshness probe waits for its item to be online before it counts as missed."""
 
 
 def probe_summary(latencies: list[float], sent: int,
@@ -326,12 +350,14 @@ def _realtime_freshness(run_settings: Any, topic: str, rate: float, probes: int,
     log_path.parent.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
     sender = threading.Thread(target=_send_live, args=(run_settings, topic, rate, stop), daemon=True)
+    _clear_clock(run_settings)
     proc = _realtime_driver(run_settings, log_path)
     try:
         sender.start()
         if not _wait_for_clock(run_settings, proc, 300):
             tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
-            return {"error": "the Real-time query wrote nothing within 300 s"
+            return {"error": "the Real-time query did not catch up with the live traffic "
+                             f"(clock within {CAUGHT_UP_LAG_S:.0f} s of now) within 300 s"
                              + (f" (exit {proc.returncode}: {' | '.join(tail)[:300]})"
                                 if proc.poll() is not None else "")}
         time.sleep(warmup_s)
