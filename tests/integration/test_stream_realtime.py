@@ -174,6 +174,16 @@ def test_rows_after_a_throttled_top_write_reach_the_lists_on_the_final_flush(
         writer.disconnect()
 
 
+def _run_until_caught_up(feed: Any, timeout_s: float, what: str) -> None:
+    """Start ``feed``, wait until it has applied the topic and written its snapshots, stop it."""
+    feed.start()
+    deadline = time.monotonic() + timeout_s
+    while not feed.caught_up():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s:.0f} s"
+        time.sleep(0.1)
+    feed.stop()
+
+
 def _two_flushes(spark: Any, settings: Settings) -> tuple[list[dict[str, Any]],
                                                              list[dict[str, Any]], int, int]:
     """Tile rows of 20 minutes written in two flushes: the tiles up to the third, then the
@@ -236,13 +246,7 @@ def test_a_snapshot_asked_for_before_a_stop_is_written_by_the_next_feed(
     settings = make_settings(kafka_topic_rt_tiles=topic, data_dir=str(tmp_path / "data"))
     early, _, _, _ = _two_flushes(spark, settings)
     for _ in range(2):
-        feed = TileFeed(settings, spark)
-        feed.start()
-        deadline = time.monotonic() + 120
-        while not feed.caught_up():
-            assert time.monotonic() < deadline, "the snapshot was not written within 120 s"
-            time.sleep(0.1)
-        feed.stop()
+        _run_until_caught_up(TileFeed(settings, spark), 120, "the snapshot was not written")
     assert redis_client.hlen(rt_snapshot_keys()[1]) == 0
     for spec, kind in ((USER_ACTIVITY, "user"), (ITEM_STATS, "item")):
         snap = pd.read_parquet(snapshot_path(settings, spec.name))
@@ -284,13 +288,7 @@ def test_tile_feed_applies_what_spark_sends_through_kafka(
      .write.format("kafka").options(**settings.spark_kafka_options()).option("topic", topic)
      .save())
 
-    feed = TileFeed(settings)
-    feed.start()
-    deadline = time.monotonic() + 60
-    while not feed.caught_up():
-        assert time.monotonic() < deadline, "the feed did not catch up within 60 s"
-        time.sleep(0.1)
-    feed.stop()
+    _run_until_caught_up(TileFeed(settings), 60, "the feed did not catch up")
 
     expected = keyed_rows_of(spark, events)
     for row in expected:
