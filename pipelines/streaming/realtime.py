@@ -261,6 +261,11 @@ class RealtimeWriter:
         items = sorted(touched["item"])
         current = tile_of(as_of, self.slide)
         with client.pipeline(transaction=False) as pipe:
+            # a snapshot due now covers the tiles before this one, whose sets are complete
+            # (this flush and the next ones add to this tile's or later ones); it is
+            # written after this flush (TileFeed), so it reads this flush's rows
+            self._snapshot_due(keys=list(rt_snapshot_keys()),
+                               args=[current, current - WINDOW_SECONDS[LONG_WINDOW]], client=pipe)
             # the touched entities, for the snapshot of the clock's tile
             for kind, keys in (("user", users), ("item", items)):
                 if keys:
@@ -271,7 +276,10 @@ class RealtimeWriter:
                 pipe.hgetall(rt_tiles_key("user", key))
             for key in items:
                 pipe.hgetall(rt_tiles_key("item", key))
-            stored = pipe.execute()[marks:]
+            replies = pipe.execute()
+        if replies[0]:
+            self.snapshot_asked = True
+        stored = replies[marks:]
         user_rows = [finalize_user(key, [_decode_tile(v) for v in m.values()], as_of,
                                    slide_seconds=self.slide, last_items_n=self.last_items_n)
                      for key, m in zip(users, stored[:len(users)], strict=True)]
@@ -290,11 +298,6 @@ class RealtimeWriter:
         self._latencies.extend(done - r["max_us"] / 1e6 for r in latest.values())
         if self.top_dirty and (final or done - self._last_top >= TOP_EVERY_SECONDS):
             self._write_top(as_of)
-        # after this flush's rows: the snapshot reads them (the next flushes touch the
-        # sets of this tile or later ones, never those it covers)
-        if self._snapshot_due(keys=list(rt_snapshot_keys()),
-                              args=[current, current - WINDOW_SECONDS[LONG_WINDOW]]):
-            self.snapshot_asked = True
 
     def snapshots_asked(self) -> dict[int, int]:
         """The snapshots asked for and not written yet: tile -> the first tile covered."""
