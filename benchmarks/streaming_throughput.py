@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -237,35 +238,55 @@ def _stop_driver(proc: subprocess.Popen[bytes]) -> None:
 PROBE_TIMEOUT_S = 60.0
 """How long a freshness probe waits for its item to be online before it counts as missed."""
 CAUGHT_UP_LAG_S = 5.0
-"""Real-time probes start once the clock is this close to now (then the warm-up)."""
+"""Probes start once the mode's clock is this close to now (then the warm-up)."""
 
 
-def _clear_clock(settings: Any) -> None:
-    """Forget the Real-time clock of an earlier run on this Redis, so that waiting for the
-    clock waits for this run (a stale one let the probes start before the query did)."""
+def _clock_key(mode: str) -> tuple[str, str | None]:
+    """Where a mode publishes its event-time clock: (Redis key, hash field or None)."""
+    if mode == "realtime":
+        from pipelines.streaming.realtime import rt_clock_key
+
+        return rt_clock_key(), None
+    from features.online_keys import stream_progress_key
+
+    return stream_progress_key(), "clock"
+
+
+def _clear_clock(settings: Any, mode: str) -> None:
+    """Forget the clock an earlier run left on this Redis, so that waiting for the clock
+    waits for this run (a stale one let the probes start before the query did)."""
     from pipelines.connections import redis_client
-    from pipelines.streaming.realtime import rt_clock_key
 
     client = redis_client(settings, timeout_ms=2000)
     try:
-        client.delete(rt_clock_key())
+        client.delete(_clock_key(mode)[0])
     finally:
         client.close()
 
 
-def _wait_for_clock(settings: Any, proc: subprocess.Popen[bytes], timeout_s: float,
+def _clock_seconds(client: Any, mode: str) -> float | None:
+    """The mode's event-time clock in epoch seconds (``None`` before its first write)."""
+    key, field = _clock_key(mode)
+    if field is None:
+        raw = client.get(key)
+        return None if raw is None else int(raw) / 1e6
+    raw = client.hget(key, field)
+    return None if not raw else datetime.fromisoformat(raw.decode()).timestamp()
+
+
+def _wait_for_clock(settings: Any, mode: str, alive: Callable[[], bool], timeout_s: float,
                     lag_s: float = CAUGHT_UP_LAG_S) -> bool:
-    """Until the Real-time writer's event-time clock is within ``lag_s`` of now: it has
-    caught up with the live traffic sent while the driver started."""
+    """Until the mode's event-time clock is within ``lag_s`` of now: the query has caught
+    up with the live traffic sent while it started (probes measure the steady state,
+    not the catching up)."""
     from pipelines.connections import redis_client
-    from pipelines.streaming.realtime import rt_clock_key
 
     client = redis_client(settings, timeout_ms=2000)
     deadline = time.monotonic() + timeout_s
     try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            clock = client.get(rt_clock_key())
-            if clock is not None and time.time() - int(clock) / 1e6 <= lag_s:
+        while time.monotonic() < deadline and alive():
+            clock = _clock_seconds(client, mode)
+            if clock is not None and time.time() - clock <= lag_s:
                 return True
             time.sleep(0.2)
     finally:
@@ -305,7 +326,7 @@ def _seconds(value: float | str | None) -> str:
 
 def _freshness(settings: Any, spark: Any, mode: str, rate: float, probes: int,
                warmup_s: float = 10.0, budget_s: float | None = None) -> dict[str, Any]:
-    from pipelines.stream import StreamOptions, run_stream
+    from pipelines.stream import StreamOptions, run_stream, stop_gracefully
 
     topic = f"bench.fresh.{mode}.{uuid.uuid4().hex[:8]}"
     _topic(settings, topic)
@@ -327,6 +348,7 @@ def _freshness(settings: Any, spark: Any, mode: str, rate: float, probes: int,
             error.append(exc)
             started.set()
 
+    _clear_clock(run_settings, mode)
     runner = threading.Thread(target=run, daemon=True)
     runner.start()
     started.wait(300)
@@ -334,13 +356,19 @@ def _freshness(settings: Any, spark: Any, mode: str, rate: float, probes: int,
         return {"error": str(error[0]).splitlines()[0][:300]}
     sender = threading.Thread(target=_send_live, args=(settings, topic, rate, stop), daemon=True)
     sender.start()
-    time.sleep(warmup_s)  # warm up: first batches, Python workers
-    latencies, sent = _probe(settings, topic, probes, 0.5, PROBE_TIMEOUT_S, budget_s)
-    stop.set()
-    sender.join()
-    for query in queries:
-        query.stop()
-    runner.join(120)
+    try:
+        if not _wait_for_clock(run_settings, mode, lambda: not error, 300):
+            return {"error": "the micro-batch query did not catch up with the live traffic "
+                             f"(clock within {CAUGHT_UP_LAG_S:.0f} s of now) within 300 s"
+                             + (f": {str(error[0]).splitlines()[0][:300]}" if error else "")}
+        time.sleep(warmup_s)  # warm up: first batches, Python workers
+        latencies, sent = _probe(settings, topic, probes, 0.5, PROBE_TIMEOUT_S, budget_s)
+    finally:
+        stop.set()
+        sender.join()
+        for query in queries:
+            stop_gracefully(query)  # query.stop() mid-batch can overflow Spark's stack
+        runner.join(120)
     return probe_summary(latencies, sent)
 
 
@@ -350,11 +378,11 @@ def _realtime_freshness(run_settings: Any, topic: str, rate: float, probes: int,
     log_path.parent.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
     sender = threading.Thread(target=_send_live, args=(run_settings, topic, rate, stop), daemon=True)
-    _clear_clock(run_settings)
+    _clear_clock(run_settings, "realtime")
     proc = _realtime_driver(run_settings, log_path)
     try:
         sender.start()
-        if not _wait_for_clock(run_settings, proc, 300):
+        if not _wait_for_clock(run_settings, "realtime", lambda: proc.poll() is None, 300):
             tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
             return {"error": "the Real-time query did not catch up with the live traffic "
                              f"(clock within {CAUGHT_UP_LAG_S:.0f} s of now) within 300 s"

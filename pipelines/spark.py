@@ -7,7 +7,8 @@ locally the default is ``local[2]`` with few shuffle partitions, sized for a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,13 @@ from pipelines.settings import Settings
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["spark_session", "inheriting", "detached"]
+__all__ = ["spark_session", "inheriting", "detached", "scheduler_pool", "STREAM_POOL", "BACKGROUND_POOL"]
+
+STREAM_POOL = "stream"
+"""Fair-scheduler pool of the streaming queries: first claim on every free task slot."""
+BACKGROUND_POOL = "background"
+"""Fair-scheduler pool of work beside the stream (feature snapshots): the slots left idle."""
+_POOL_PROPERTY = "spark.scheduler.pool"
 
 
 def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bool = True) -> SparkSession:
@@ -38,6 +45,11 @@ def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bo
         .config("spark.sql.adaptive.enabled", "true")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
+        # pools (pipelines/spark-fairscheduler.xml): a snapshot written beside the
+        # stream must not hold the task slots the next micro-batch needs
+        .config("spark.scheduler.mode", "FAIR")
+        .config("spark.scheduler.allocation.file",
+                str(files("pipelines").joinpath("spark-fairscheduler.xml")))
         .config("spark.sql.streaming.stateStore.providerClass",
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
         .config("spark.sql.warehouse.dir", settings.data_path("spark-warehouse"))
@@ -69,11 +81,26 @@ def inheriting(spark: SparkSession, fn: Callable[..., Any]) -> Callable[..., Any
     return run
 
 
-def detached(spark: SparkSession, fn: Callable[..., Any], group: str) -> Callable[..., Any]:
+@contextmanager
+def scheduler_pool(spark: SparkSession, pool: str) -> Iterator[None]:
+    """Jobs this thread submits inside the block run in the fair-scheduler pool ``pool``;
+    so does every job of a streaming query started inside it (its thread inherits the
+    property), for as long as the query runs."""
+    sc = spark.sparkContext
+    before = sc.getLocalProperty(_POOL_PROPERTY)
+    sc.setLocalProperty(_POOL_PROPERTY, pool)
+    try:
+        yield
+    finally:
+        sc.setLocalProperty(_POOL_PROPERTY, before)  # type: ignore[arg-type]
+
+
+def detached(spark: SparkSession, fn: Callable[..., Any], group: str,
+             pool: str = BACKGROUND_POOL) -> Callable[..., Any]:
     """``fn`` run in another thread with Spark local properties of its own: a job group
-    ``group`` and nothing of the caller's. For work that outlives the streaming batch
-    that started it: stopping the query cancels the jobs of the query's group, and
-    those must finish instead (the caller waits for them)."""
+    ``group``, the scheduler pool ``pool`` and nothing of the caller's. For work that
+    outlives the streaming batch that started it: stopping the query cancels the jobs
+    of the query's group, and those must finish instead (the caller waits for them)."""
     sc = spark.sparkContext
     jsc = sc._jsc.sc()  # type: ignore[union-attr]
     jvm = sc._jvm  # type: ignore[attr-defined]
@@ -82,6 +109,7 @@ def detached(spark: SparkSession, fn: Callable[..., Any], group: str) -> Callabl
     def run(*args: Any, **kwargs: Any) -> Any:
         jsc.setLocalProperties(jvm.java.util.Properties())
         sc.setJobGroup(group, group, interruptOnCancel=False)
+        sc.setLocalProperty(_POOL_PROPERTY, pool)
         return fn(*args, **kwargs)
 
     return run

@@ -56,7 +56,7 @@ from features.events import Reason
 from features.validation import QUARANTINE_COLUMNS, with_verdict
 from pipelines import offline_store
 from pipelines.settings import Settings
-from pipelines.spark import inheriting
+from pipelines.spark import STREAM_POOL, inheriting, scheduler_pool
 from pipelines.stream_metrics import BatchStats, MetricsRecorder, ProgressListener
 from pipelines.stream_state import BatchLog, BatchRecord, release
 
@@ -76,6 +76,7 @@ __all__ = [
     "BatchProcessor",
     "start_stream",
     "run_stream",
+    "stop_gracefully",
     "ship_code",
     "StreamFailed",
     "is_redis_outage",
@@ -504,7 +505,8 @@ def start_stream(spark: SparkSession, settings: Settings, options: StreamOptions
         writer = writer.trigger(availableNow=True)
     else:
         writer = writer.trigger(processingTime=f"{settings.stream_trigger_seconds} seconds")
-    return writer.start()
+    with scheduler_pool(spark, STREAM_POOL):
+        return writer.start()
 
 
 def _caught_up(query: StreamingQuery) -> bool:
@@ -598,7 +600,7 @@ def _wait(query: StreamingQuery, options: StreamOptions, extra: Any = None) -> N
     finally:
         stop_event.set()
         if query.isActive:
-            _stop_gracefully(query)
+            stop_gracefully(query)
         if extra is not None:
             extra.stop()
     exc = query.exception()
@@ -606,7 +608,7 @@ def _wait(query: StreamingQuery, options: StreamOptions, extra: Any = None) -> N
         raise StreamFailed(_summarize(exc)) from exc
 
 
-def _stop_gracefully(query: StreamingQuery, wait_seconds: float = 120.0) -> None:
+def stop_gracefully(query: StreamingQuery, wait_seconds: float = 120.0) -> None:
     """Let a running micro-batch finish, then stop.
 
     Interrupting a batch is safe (it is replayed on restart), but Spark 4.3 then

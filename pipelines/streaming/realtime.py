@@ -70,7 +70,7 @@ import orjson
 
 from features.windows import LONG_WINDOW, WINDOW_SECONDS
 from pipelines.settings import Settings
-from pipelines.spark import detached
+from pipelines.spark import STREAM_POOL, detached, scheduler_pool
 from pipelines.stream import is_redis_outage, redis_outage_of
 from pipelines.stream_state import DIRTY_TTL_SECONDS, dirty_key
 from pipelines.streaming.pyfeatures import (
@@ -139,7 +139,8 @@ def rt_snapshot_keys() -> tuple[str, str]:
 
 
 SNAPSHOT_SLOTS = 3
-"""Task slots a feature snapshot holds while it runs (three one-task jobs side by side)."""
+"""Task slots a feature snapshot holds while it runs (three jobs side by side; the
+short tasks of a large one take turns on these slots)."""
 _SNAPSHOT_GROUP = "shopstream-rt-snapshot"
 
 
@@ -619,17 +620,18 @@ def start_realtime(spark: SparkSession, settings: Settings, *,
     previous = spark.conf.get("spark.sql.shuffle.partitions")
     spark.conf.set("spark.sql.shuffle.partitions", "1")
     try:
-        query = (
-            out.writeStream.queryName(QUERY_NAME)
-            .outputMode("update")
-            .format("kafka")
-            .options(**settings.spark_kafka_options())
-            .option("kafka.linger.ms", "0")
-            .option("topic", settings.kafka_topic_rt_tiles)
-            .option("checkpointLocation", query_checkpoint(settings, QUERY_NAME))
-            .trigger(realTime=f"{settings.stream_realtime_checkpoint_seconds} seconds")
-            .start()
-        )
+        with scheduler_pool(spark, STREAM_POOL):
+            query = (
+                out.writeStream.queryName(QUERY_NAME)
+                .outputMode("update")
+                .format("kafka")
+                .options(**settings.spark_kafka_options())
+                .option("kafka.linger.ms", "0")
+                .option("topic", settings.kafka_topic_rt_tiles)
+                .option("checkpointLocation", query_checkpoint(settings, QUERY_NAME))
+                .trigger(realTime=f"{settings.stream_realtime_checkpoint_seconds} seconds")
+                .start()
+            )
     except BaseException:
         feed.stop()
         raise

@@ -20,8 +20,19 @@ the next snapshot may record again (same entity and timestamp; Feast keeps the
 latest ``created``).
 
 The entities come from the per-tile sets of touched entities the micro-batch pass
-keeps (:func:`pipelines.stream_state.dirty_key`): one task per view reads the sets
-of the snapshot's tiles and the entities' hashes, pipelined, on an executor.
+keeps (:func:`pipelines.stream_state.dirty_key`). The driver thread that writes the
+snapshot reads them and the entities' hashes, pipelined, and hands the rows to Spark,
+which writes them with one short JVM task per table in the background scheduler pool
+(:data:`pipelines.spark.BACKGROUND_POOL`).
+
+Why the driver reads: the snapshot runs beside the micro-batches, on the same task
+slots. Read by Python tasks on the executors it held both slots of ``local[2]`` for
+seconds at each slide boundary (a Python worker per task, under contention), and the
+micro-batch waited for them: probes at 1,000 events/s took 7-9 s there, 2-4 s
+elsewhere. Read here it costs the driver about 40 us per entity (6,000 users: 0.25 s)
+and the slots a fraction of a second. The rows of one snapshot are in the driver's
+memory while it is written: about 1 KB per touched entity, so 100,000 entities
+touched per slide take about 100 MB.
 """
 
 from __future__ import annotations
@@ -30,7 +41,6 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from features import online_keys
@@ -49,13 +59,14 @@ from pipelines.stream_state import ITEM, USER, dirty_key
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["served_rows", "served_top_rows", "write_served_snapshot", "staging_path", "view_schema",
+__all__ = ["served_rows", "served_top_rows", "local_frame", "write_served_snapshot", "staging_path", "view_schema",
            "TOP_SCHEMA", "STAGING"]
 
 log = logging.getLogger(__name__)
 
 _CHUNK = 1000
 """Entities per pipelined round trip."""
+
 STAGING = "_stream_staging"
 """Directory beside the snapshot tables where the stream stages a snapshot."""
 _SPARK_TYPES = {"int64": "bigint", "double": "double", "string": "string",
@@ -78,7 +89,7 @@ def view_schema(spec: ViewSpec) -> str:
 
 def served_rows(set_keys: Iterable[str], *, redis_kwargs: dict[str, Any], view: str
                 ) -> Iterator[tuple[Any, ...]]:
-    """Executor body: the members of the touched-entity sets -> their rows as Redis holds them.
+    """The members of the touched-entity sets -> their rows as Redis holds them.
 
     Rows are tuples in :func:`view_schema` order. An entity in several sets is read
     once; one without a row (its key expired) is left out.
@@ -110,7 +121,7 @@ def served_rows(set_keys: Iterable[str], *, redis_kwargs: dict[str, Any], view: 
 
 
 def served_top_rows(_: Iterable[Any], *, redis_kwargs: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
-    """Executor body: every top sellers / trending list as Redis holds it -> snapshot rows.
+    """Every top sellers / trending list as Redis holds it -> snapshot rows.
 
     The lists and their as-of times (``top:meta``) are read in one ``MULTI``, so each
     list is paired with the as-of time it was written with (lists are replaced
@@ -208,8 +219,8 @@ def write_served_snapshot(spark: SparkSession, settings: Settings, redis_kwargs:
 
     Exactly once per ``stage_id`` (what asked for it), even when a crash
     interrupts it and a new process runs it again: the three tables are written to
-    a staging directory first (small Spark jobs, one task each reads Redis, run
-    beside each other); once all three are complete, their files move into the
+    a staging directory first (read from Redis here, written by small Spark jobs
+    side by side); once all three are complete, their files move into the
     tables (a rename each), then ``done()`` records it and the staging goes. A run
     after a crash keeps the staged tables that were complete, so what moves in is
     what the first run read, and moves only the files still staged.
@@ -219,18 +230,15 @@ def write_served_snapshot(spark: SparkSession, settings: Settings, redis_kwargs:
     names = [spec.name for spec in _VIEWS.values()] + ["top_items"]
     todo = [name for name in names
             if not files.exists(staging_path(settings, stage_id, name) + "/_SUCCESS")]
-    sc = spark.sparkContext
     frames: list[tuple[Any, str]] = []
     for kind, spec in _VIEWS.items():
         if spec.name in todo:
-            sets = [dirty_key(kind, g) for g in tiles]
-            rdd = sc.parallelize([sets], 1).flatMap(
-                partial(served_rows, redis_kwargs=redis_kwargs, view=spec.name))
-            frames.append((spark.createDataFrame(rdd, view_schema(spec)), spec.name))
+            rows = served_rows([dirty_key(kind, g) for g in tiles], redis_kwargs=redis_kwargs,
+                               view=spec.name)
+            frames.append((local_frame(spark, rows, view_schema(spec)), spec.name))
     if "top_items" in todo:
-        top = sc.parallelize([0], 1).mapPartitions(
-            partial(served_top_rows, redis_kwargs=redis_kwargs))
-        frames.append((spark.createDataFrame(top, TOP_SCHEMA), "top_items"))
+        top = served_top_rows([], redis_kwargs=redis_kwargs)
+        frames.append((local_frame(spark, top, TOP_SCHEMA), "top_items"))
     if frames:
         with ThreadPoolExecutor(max_workers=len(frames), thread_name_prefix="snapshot-write") as pool:
             writes = [pool.submit(inheriting(spark, _stage), frame, settings, name,
@@ -244,6 +252,28 @@ def write_served_snapshot(spark: SparkSession, settings: Settings, redis_kwargs:
     if done is not None:
         done()
     files.delete(staging_path(settings, stage_id))
+
+
+def local_frame(spark: SparkSession, rows: Iterable[tuple[Any, ...]], ddl: str) -> DataFrame:
+    """A one-partition DataFrame of rows held by the driver, handed to the JVM as Arrow.
+
+    Not ``createDataFrame(list, schema)``: that checks and re-serializes the rows in a
+    Python task, and a Python worker started beside a busy micro-batch took seconds
+    of a task slot (a 6-row snapshot table held one for 2 s). Arrow goes straight into
+    the JVM; writing it is a short JVM-only task.
+    """
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    struct = _parse_datatype_string(ddl)
+    assert isinstance(struct, StructType)
+    schema = to_arrow_schema(struct, timezone="UTC")
+    columns = list(zip(*rows, strict=True)) or [()] * len(schema)
+    table = pa.Table.from_arrays([pa.array(list(values), type=field.type)
+                                  for values, field in zip(columns, schema, strict=True)],
+                                 schema=schema)
+    return spark.createDataFrame(table, schema=struct).coalesce(1)
 
 
 def _stage(frame: DataFrame, settings: Settings, name: str, path: str) -> None:

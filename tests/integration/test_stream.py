@@ -472,6 +472,8 @@ def test_a_new_purchase_is_online_within_a_few_trigger_intervals(
         print(f"freshness of a new purchase: {seen} (bound {FRESHNESS_BOUND_S}s)")
         assert set(seen) == {"features", "top"}, f"not online within {FRESHNESS_BOUND_S}s: {seen}"
     finally:
+        from pipelines.stream import stop_gracefully
+
         for query in queries:
-            query.stop()
+            stop_gracefully(query)  # after the running batch, as the CLI does
         runner.join(120)

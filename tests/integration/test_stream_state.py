@@ -421,3 +421,45 @@ def test_a_snapshot_interrupted_and_run_again_is_written_once(
         pd.testing.assert_frame_equal(table(name), twice[name])
         assert len(twice[name]) > len(once[name]), name
         assert not twice[name].astype(str).duplicated().any(), name  # stage 6 added once
+
+
+def test_a_snapshot_has_every_touched_entity_once_in_one_file_per_table(
+    make_settings: Callable[..., Settings], redis_client: Any, spark: Any, tmp_path: Any,
+) -> None:
+    """Many entities touched in one slide: each is in its table once, and each table
+    gets one file per snapshot (not one per task or chunk: the offline store would
+    fill with small files, one set per minute)."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from features.feast_layout import ITEM_STATS, USER_ACTIVITY
+    from pipelines.connections import redis_kwargs
+    from pipelines.offline_store import snapshot_path
+    from pipelines.stream_state import TileStore
+    from pipelines.streaming import snapshot as snap
+
+    settings = make_settings(data_dir=str(tmp_path / "data"))  # snapshot tables of its own
+    kwargs = redis_kwargs(settings, timeout_ms=5000)
+    store = TileStore(kwargs, slide_seconds=60, last_items_n=5, long_window_seconds=86_400,
+                      ttl_seconds=3600, top_n=3)
+    rnd = random.Random(41)
+    events = [(f"e41-{i}", "purchase" if i % 5 == 0 else "view",
+               T0 + timedelta(seconds=rnd.randrange(50)), f"user{i % 1370}", "s",
+               f"item{i % 230}", "c0", "UK", 2.0 if i % 5 == 0 else None, 1, "web")
+              for i in range(3000)]
+    clock = max(e[2] for e in events)
+    clock_us = (clock - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+    store.apply(spark, spark.createDataFrame(events, EVENT_SCHEMA), batch_id=0, as_of_us=clock_us)
+    store.write_top_here(batch_id=0, as_of_us=clock_us)
+    tile = store.tile_of(clock_us)
+
+    snap.write_served_snapshot(spark, settings, kwargs, range(tile, tile + 60, 60), stage_id=1)
+    for spec, entities in ((USER_ACTIVITY, {f"user{i}" for i in range(1370)}),
+                           (ITEM_STATS, {f"item{i}" for i in range(230)})):
+        table = pd.read_parquet(snapshot_path(settings, spec.name))
+        assert sorted(table[spec.join_key]) == sorted(entities), spec.name
+        files = list(Path(snapshot_path(settings, spec.name)).rglob("*.parquet"))
+        assert len(files) == 1, (spec.name, files)
+    top = Path(snapshot_path(settings, "top_items"))
+    assert len(pd.read_parquet(top)) > 0 and len(list(top.rglob("*.parquet"))) == 1

@@ -203,11 +203,11 @@ class StreamThread:
         return bool(self.queries) and self.queries[0].isActive and self.thread.is_alive()
 
     def stop(self) -> None:
-        from pipelines.stream import _stop_gracefully  # after the running batch, as the CLI does
+        from pipelines.stream import stop_gracefully  # after the running batch, as the CLI does
 
         for query in self.queries:
             try:
-                _stop_gracefully(query)
+                stop_gracefully(query)
             except Exception:  # noqa: BLE001 - best effort in clean-up
                 pass
         self.thread.join(180)

@@ -196,10 +196,10 @@ def test_every_bad_kind_is_quarantined_by_the_running_stream(
         time.sleep(1.0)  # a trailing empty trigger may still be writing progress
         assert queries[0].isActive and queries[0].exception() is None, "the job stopped"
     finally:
-        from pipelines.stream import _stop_gracefully  # after the running batch, as the CLI does
+        from pipelines.stream import stop_gracefully  # after the running batch, as the CLI does
 
         for q in queries:
-            _stop_gracefully(q)
+            stop_gracefully(q)
         runner.join(180)
     assert not failure, failure
     totals = _progress(redis_client)
