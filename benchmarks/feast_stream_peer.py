@@ -86,8 +86,9 @@ def run_feast_spark_processor(
 ) -> dict[str, Any]:
     """Drain ``expected_events`` from ``topic`` with Feast's processor; report events/s.
 
-    Returns a dict with ``events``, ``seconds``, ``events_per_s`` and per-batch
-    ``(elapsed_s, rows_per_s)`` points for a throughput-over-time plot.
+    Returns a dict with ``events``, ``seconds``, ``events_per_s``, per-batch
+    ``(elapsed_s, rows_per_s)`` points for a throughput-over-time plot and per-batch
+    ``(input rows, duration ms)`` in ``batches``.
     """
     import shutil
 
@@ -151,6 +152,7 @@ def run_feast_spark_processor(
     started = time.monotonic()
     runner.start()
     points: list[tuple[float, float]] = []
+    batches: list[tuple[int, float]] = []
     processed = 0
     busy_ms = 0.0
     seen_batches: set[int] = set()
@@ -169,6 +171,8 @@ def run_feast_spark_processor(
                 seen_batches.add(batch_id)
                 processed += progress["numInputRows"]
                 busy_ms += float((progress.get("durationMs") or {}).get("triggerExecution", 0))
+                batches.append((int(progress["numInputRows"]),
+                                float((progress.get("durationMs") or {}).get("triggerExecution", 0))))
                 points.append((time.monotonic() - started, progress.get("processedRowsPerSecond", 0.0)))
     elapsed = time.monotonic() - started
     for query in spark.streams.active:
@@ -182,6 +186,7 @@ def run_feast_spark_processor(
         "busy_s": busy_ms / 1000,
         "busy_events_per_s": processed / (busy_ms / 1000) if busy_ms else 0.0,
         "points": points,
+        "batches": batches,
         "drained": processed >= expected_events,
         "error": error,
     }

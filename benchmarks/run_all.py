@@ -36,7 +36,7 @@ START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
 SMOKE_ARGS: dict[str, list[str]] = {
     "streaming_throughput": ["--events", "2000", "--probes", "2", "--warmup", "2", "--rate", "50",
-                             "--peer-timeout", "600", "--no-realtime"],
+                             "--peer-timeout", "600"],
     "serving_latency": ["--users", "200", "--calls", "300", "--closed", "100", "--seconds", "1",
                         "--rate", "100"],
     "training": ["--interactions", "20000", "--models", "popularity,popularity_region,item_knn,ease,als"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from benchmarks.common import BenchResult
-from benchmarks.streaming_throughput import probe_summary
+from benchmarks.streaming_throughput import probe_summary, warm_rate
 
 
 def test_all_probes_seen_gives_numbers() -> None:
@@ -30,3 +30,15 @@ def test_the_table_prints_the_text_as_is() -> None:
         k: v for k, v in probe_summary([], sent=2).items() if k.endswith("_s")}}])
     table = result.markdown()
     assert "> 60" in table and "nan" not in table
+
+
+def test_warm_rate_leaves_out_the_first_batch_with_events() -> None:
+    # an empty batch first (the query's start), a slow first batch, two warm ones
+    batches = [(0, 300.0), (200_000, 28_000.0), (150_000, 10_000.0), (50_000, 5_000.0)]
+    assert warm_rate(batches) == 200_000 / 15.0
+
+
+def test_warm_rate_needs_a_second_batch() -> None:
+    assert warm_rate([(2_000, 900.0)]) is None
+    assert warm_rate([(0, 10.0), (2_000, 900.0), (0, 20.0)]) is None
+    assert warm_rate([]) is None
