@@ -8,7 +8,7 @@ Everything lives under ``settings.offline_path`` (``<data_dir>/offline``, or an
     features/user_activity/event_date=yyyy-MM-dd/...           Feast file source (user)
     features/item_stats/event_date=yyyy-MM-dd/...              Feast file source (item)
     features/top_items/event_date=yyyy-MM-dd/...               top sellers / trending history
-    features/_stream_staging/<batch>/<table>/...               a stream snapshot being moved in
+    features/_stream_staging/<stage>/<table>/...               a stream snapshot being moved in
 
 * Events: columns :data:`features.events.VALID_COLUMNS` plus the partition
   columns ``event_date`` (``yyyy-MM-dd`` string of ``event_time`` in UTC) and

@@ -185,6 +185,7 @@ class BatchLog:
         self._conf = spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
         self.root = checkpoint.rstrip("/") + "/clock"
         self.retain = retain
+        self._run_id: str | None = None
 
     def _path(self, batch_id: int) -> Any:
         return self._jvm.org.apache.hadoop.fs.Path(f"{self.root}/{batch_id}")
@@ -222,6 +223,37 @@ class BatchLog:
             reverse=True,
         )
         return self.read(ids[0]) if ids else None
+
+    def run_id(self) -> str:
+        """An id of this checkpoint, made on first use and kept in it (``clock/run``).
+
+        Batch ids start again at 0 on a new checkpoint (a wiped one, or a new
+        location), so anything the stream names by batch id outside the checkpoint
+        -- the staged feature snapshots in the offline store -- is named by
+        ``(run id, batch id)``: a snapshot staged by an earlier checkpoint's batch 7
+        is never taken for this one's.
+        """
+        if self._run_id is None:
+            path = self._jvm.org.apache.hadoop.fs.Path(f"{self.root}/run")
+            fs = self._fs(path)
+            if fs.exists(path):
+                stream = fs.open(path)
+                try:
+                    data = self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
+                finally:
+                    stream.close()
+                self._run_id = bytes(data).decode("utf-8").strip()
+            else:
+                import uuid
+
+                run = uuid.uuid4().hex
+                out = fs.create(path, False)  # never replaces one: the id stays
+                try:
+                    out.write(bytearray(run.encode("utf-8")))
+                finally:
+                    out.close()
+                self._run_id = run
+        return self._run_id
 
     def _mark_path(self, name: str, batch_id: int) -> Any:
         return self._jvm.org.apache.hadoop.fs.Path(f"{self.root}/{name}-{batch_id}.done")

@@ -151,8 +151,10 @@ class OnlineFeatures:
                 if previous is not None and previous.batch_id is not None:
                     batch_log.unmark(SNAPSHOT_MARK, previous.batch_id)  # no restart checks it
 
+        # staged under (checkpoint's run id, batch id): batch ids restart on a new checkpoint
+        stage = batch_id if batch_log is None else f"{batch_log.run_id()}-{batch_id}"
         write_served_snapshot(spark, self.settings, self.store.redis_kwargs,
-                              range(mark.first, mark.tile, self.slide), batch_id, done)
+                              range(mark.first, mark.tile, self.slide), stage, done)
 
     def _check_snapshots(self, spark: SparkSession, batch_log: BatchLog | None) -> None:
         """Collect finished snapshots: one that failed because Redis was away is queued

@@ -207,7 +207,8 @@ class _Files:
 
 def staging_path(settings: Settings, stage_id: int | str, name: str | None = None) -> str:
     """Where snapshot ``stage_id`` is written before its files move into the tables
-    (the micro-batch stream's are batch ids, Real-time Mode's ``rt-<tile>``)."""
+    (the micro-batch stream's are ``<run id>-<batch id>``,
+    :meth:`pipelines.stream_state.BatchLog.run_id`; Real-time Mode's ``rt-<tile>``)."""
     root = f"{settings.offline_path}/{offline_store.FEATURES}/{STAGING}/{stage_id}"
     return root if name is None else f"{root}/{name}"
 

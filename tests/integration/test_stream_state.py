@@ -423,6 +423,51 @@ def test_a_snapshot_interrupted_and_run_again_is_written_once(
         assert not twice[name].astype(str).duplicated().any(), name  # stage 6 added once
 
 
+def test_a_new_checkpoint_never_takes_a_snapshot_staged_by_an_earlier_one(
+    make_settings: Callable[..., Settings], redis_client: Any, spark: Any, tmp_path: Any,
+) -> None:
+    """Batch ids start again at 0 on a new checkpoint. A snapshot an earlier checkpoint
+    staged for its batch 7 and never moved in (its process died, then the checkpoint
+    was wiped) is not what this checkpoint's batch 7 writes: the new snapshot has the
+    entities Redis holds now, and none of the stale staged rows."""
+    import pandas as pd
+    from pyspark.sql import functions as F
+
+    from features.feast_layout import USER_ACTIVITY
+    from pipelines.offline_store import snapshot_path
+    from pipelines.stream_state import BatchLog, SnapshotMark
+    from pipelines.streaming.online import OnlineFeatures
+    from pipelines.streaming.snapshot import local_frame, staging_path, view_schema
+
+    settings = make_settings(data_dir=str(tmp_path / "data"))  # snapshot tables of its own
+    online = OnlineFeatures(settings)
+    store = online.store
+    rows = _events(60, 41, span_s=120)
+    clock = max(e[2] for e in rows)
+    clock_us = (clock - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+    store.apply(spark, spark.createDataFrame(rows, EVENT_SCHEMA), batch_id=0, as_of_us=clock_us)
+    tile = store.tile_of(clock_us)
+
+    old_log = BatchLog(spark, str(tmp_path / "old-checkpoint"))
+    new_log = BatchLog(spark, str(tmp_path / "new-checkpoint"))
+    assert old_log.run_id() != new_log.run_id()
+    assert BatchLog(spark, str(tmp_path / "new-checkpoint")).run_id() == new_log.run_id()
+    # what the earlier checkpoint left: complete staged tables of its batch 7 (under its
+    # run id, and under the bare batch id the staging used before run ids)
+    stale = [("u-stale", *([None] * len(USER_ACTIVITY.features)), clock)]
+    for stage in (f"{old_log.run_id()}-7", 7):
+        frame = local_frame(spark, stale, view_schema(USER_ACTIVITY))
+        frame.withColumn("created", F.current_timestamp()).write.mode("overwrite").parquet(
+            staging_path(settings, stage, USER_ACTIVITY.name))
+
+    online._write_snapshot(spark, new_log, SnapshotMark(tile + 60, tile, 7), None)
+
+    snap = pd.read_parquet(snapshot_path(settings, USER_ACTIVITY.name))
+    assert "u-stale" not in set(snap["user_id"])
+    assert sorted(snap["user_id"]) == sorted({e[3] for e in rows})
+    assert new_log.marked("snapshot", 7)
+
+
 def test_a_snapshot_has_every_touched_entity_once_in_one_file_per_table(
     make_settings: Callable[..., Settings], redis_client: Any, spark: Any, tmp_path: Any,
 ) -> None:
