@@ -35,7 +35,8 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
 SMOKE_ARGS: dict[str, list[str]] = {
-    "streaming_throughput": ["--events", "2000", "--probes", "2", "--warmup", "2", "--rate", "50",
+    "streaming_throughput": ["--events", "2000", "--cold-events", "500", "--probes", "2",
+                             "--warmup", "2", "--rate", "50",
                              "--peer-timeout", "600"],
     "serving_latency": ["--users", "200", "--calls", "300", "--closed", "100", "--seconds", "1",
                         "--rate", "100"],
