@@ -121,6 +121,25 @@ def _throughput(settings: Any, spark: Any, count: int) -> dict[str, Any]:
             "series": [(m.batch_id, m.processed_rows_per_second) for m in batches]}
 
 
+def _stream_row(system: str, run: dict[str, Any]) -> dict[str, Any]:
+    """A result row of one :func:`_throughput` run."""
+    return {"system": system, "events": run["events"], "batches": run["batches"],
+            "busy_s": run["busy_s"], "events_per_s": run["events_per_s"],
+            "events_per_s_after_first_batch": run["warm_events_per_s"]}
+
+
+def _peer_rate(peer: dict[str, Any]) -> float:
+    """Events/s of a Feast processor run over its busy time (wall time if unknown)."""
+    return peer.get("busy_events_per_s") or peer["events_per_s"]
+
+
+def _peer_row(system: str, peer: dict[str, Any]) -> dict[str, Any]:
+    """A result row of one Feast processor run."""
+    return {"system": system, "events": peer["events"], "batches": len(peer.get("points", [])),
+            "busy_s": peer.get("busy_s") or peer["seconds"], "events_per_s": _peer_rate(peer),
+            "events_per_s_after_first_batch": warm_rate(peer.get("batches", []))}
+
+
 def warm_rate(batches: list[tuple[int, float]]) -> float | None:
     """Events/s over the batches after the first one that had events, from
     ``(input rows, duration ms)`` per batch; ``None`` without two such batches.
@@ -467,17 +486,11 @@ def main(argv: list[str] | None = None) -> BenchResult:
         spark = spark_session(settings, app_name="bench-streaming")
         if cold_events:
             _say(f"cold start: shopstream stream on a backlog of {cold_events:,} events")
-            cold = _throughput(settings, spark, cold_events)
-            result.rows.append({"system": "cold start (not in the ratios): shopstream stream, "
-                                          "the first run of a fresh driver",
-                                "events": cold["events"], "batches": cold["batches"],
-                                "busy_s": cold["busy_s"], "events_per_s": cold["events_per_s"],
-                                "events_per_s_after_first_batch": cold["warm_events_per_s"]})
+            result.rows.append(_stream_row(
+                "cold start (not in the ratios): shopstream stream, the first run of a fresh driver",
+                _throughput(settings, spark, cold_events)))
         tp = _throughput(settings, spark, events)
-        result.rows.append({"system": "shopstream stream (micro-batch, full pipeline)",
-                            "events": tp["events"], "batches": tp["batches"],
-                            "busy_s": tp["busy_s"], "events_per_s": tp["events_per_s"],
-                            "events_per_s_after_first_batch": tp["warm_events_per_s"]})
+        result.rows.append(_stream_row("shopstream stream (micro-batch, full pipeline)", tp))
         raw = tp["raw"]
         result.rows.append({"system": "plain Kafka consumer, same topic (read and discard: the raw limit)",
                             "events": raw["events"], "batches": None, "busy_s": raw["seconds"],
@@ -501,22 +514,15 @@ def main(argv: list[str] | None = None) -> BenchResult:
 
             if cold_events:
                 _say(f"cold start: Feast SparkKafkaProcessor on a backlog of {cold_events:,} events")
-                cold_peer = feast_run(cold_events)
-                result.rows.append({
-                    "system": "cold start (not in the ratios): Feast SparkKafkaProcessor, its first run",
-                    "events": cold_peer["events"], "batches": len(cold_peer.get("points", [])),
-                    "busy_s": cold_peer.get("busy_s") or cold_peer["seconds"],
-                    "events_per_s": cold_peer.get("busy_events_per_s") or cold_peer["events_per_s"],
-                    "events_per_s_after_first_batch": warm_rate(cold_peer.get("batches", []))})
+                result.rows.append(_peer_row(
+                    "cold start (not in the ratios): Feast SparkKafkaProcessor, its first run",
+                    feast_run(cold_events)))
             _say(f"Feast SparkKafkaProcessor on a backlog of {events:,} events")
             peer = feast_run(events)
-            peer_rate = peer.get("busy_events_per_s") or peer["events_per_s"]
+            peer_row = _peer_row("Feast SparkKafkaProcessor (running counters only)", peer)
+            peer_rate, peer_warm = peer_row["events_per_s"], peer_row["events_per_s_after_first_batch"]
             _say(f"Feast SparkKafkaProcessor: {peer['events']:,} events, {peer_rate:,.0f}/s busy")
-            peer_warm = warm_rate(peer.get("batches", []))
-            result.rows.append({"system": "Feast SparkKafkaProcessor (running counters only)",
-                                "events": peer["events"], "batches": len(peer.get("points", [])),
-                                "busy_s": peer.get("busy_s") or peer["seconds"], "events_per_s": peer_rate,
-                                "events_per_s_after_first_batch": peer_warm})
+            result.rows.append(peer_row)
             if peer.get("error"):
                 result.notes.append(f"Feast SparkKafkaProcessor: {peer['error']}")
             if not peer.get("drained", True):

@@ -197,7 +197,11 @@ class BatchLog:
         """The record of ``batch_id``, or ``None`` when there is none."""
         if batch_id < 0:
             return None
-        path = self._path(batch_id)
+        text = self._read_text(self._path(batch_id))
+        return None if text is None else BatchRecord.from_json(text)
+
+    def _read_text(self, path: Any) -> str | None:
+        """The UTF-8 text of the file ``path``, or ``None`` when there is none."""
         fs = self._fs(path)
         if not fs.exists(path):
             return None
@@ -206,7 +210,15 @@ class BatchLog:
             data = self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
         finally:
             stream.close()
-        return BatchRecord.from_json(bytes(data).decode("utf-8"))
+        return bytes(data).decode("utf-8")
+
+    def _write_text(self, path: Any, text: str, *, overwrite: bool) -> None:
+        """Write ``text`` to ``path``; without ``overwrite`` an existing file is an error."""
+        out = self._fs(path).create(path, overwrite)
+        try:
+            out.write(bytearray(text.encode("utf-8")))
+        finally:
+            out.close()
 
     def latest_before(self, batch_id: int) -> BatchRecord | None:
         """The record of ``batch_id - 1``; if missing, the newest older one still kept."""
@@ -235,23 +247,14 @@ class BatchLog:
         """
         if self._run_id is None:
             path = self._jvm.org.apache.hadoop.fs.Path(f"{self.root}/run")
-            fs = self._fs(path)
-            if fs.exists(path):
-                stream = fs.open(path)
-                try:
-                    data = self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
-                finally:
-                    stream.close()
-                self._run_id = bytes(data).decode("utf-8").strip()
+            stored = self._read_text(path)
+            if stored is not None:
+                self._run_id = stored.strip()
             else:
                 import uuid
 
                 run = uuid.uuid4().hex
-                out = fs.create(path, False)  # never replaces one: the id stays
-                try:
-                    out.write(bytearray(run.encode("utf-8")))
-                finally:
-                    out.close()
+                self._write_text(path, run, overwrite=False)  # never replaces one: the id stays
                 self._run_id = run
         return self._run_id
 
@@ -272,11 +275,7 @@ class BatchLog:
         """Write (or overwrite: a replay writes the same content) and prune old records."""
         path = self._path(record.batch_id)
         fs = self._fs(path)
-        out = fs.create(path, True)
-        try:
-            out.write(bytearray(record.to_json().encode("utf-8")))
-        finally:
-            out.close()
+        self._write_text(path, record.to_json(), overwrite=True)
         if record.batch_id >= self.retain:
             gone = record.batch_id - self.retain
             old = [self._path(gone)]
