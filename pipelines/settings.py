@@ -109,6 +109,11 @@ class Settings(BaseSettings):
     """Version of ``spark-sql-kafka-0-10``; default: the installed pyspark's, falling back
     to the newest release that Maven Central has when that one is not published yet."""
     spark_log_level: str = "WARN"
+    spark_dataframe_debugging: bool = False
+    """PySpark's call-site capture for error messages (``spark.python.sql.dataFrameDebugging.enabled``).
+    On, every DataFrame function call (``F.col``, ``select``...) makes several more JVM
+    round trips and walks the Python stack: about 1.3 ms each here, and a micro-batch
+    builds a few hundred. Turn it on to debug a plan; errors then name the Python line."""
 
     # --- features ------------------------------------------------------
     feature_slide_seconds: int = Field(default=60, ge=1)

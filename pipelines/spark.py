@@ -45,6 +45,9 @@ def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bo
         .config("spark.sql.adaptive.enabled", "true")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
+        # off by default: see Settings.spark_dataframe_debugging (a static conf)
+        .config("spark.python.sql.dataFrameDebugging.enabled",
+                str(settings.spark_dataframe_debugging).lower())
         # pools (pipelines/spark-fairscheduler.xml): a snapshot written beside the
         # stream must not hold the task slots the next micro-batch needs
         .config("spark.scheduler.mode", "FAIR")

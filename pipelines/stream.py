@@ -63,7 +63,7 @@ from pipelines.stream_state import BatchLog, BatchRecord, release
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
 __all__ = [
@@ -73,6 +73,7 @@ __all__ = [
     "query_checkpoint",
     "read_kafka",
     "checked_records",
+    "late_threshold",
     "BatchProcessor",
     "start_stream",
     "run_stream",
@@ -191,13 +192,36 @@ def _epoch_us(ts: datetime) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
-# ------------------------------------------------------------------ write
-def write_events_batch(events: DataFrame, settings: Settings, batch_id: int) -> None:
-    """Valid on-time events of one batch -> ``events/event_date=/event_hour=/batch_id=``."""
+def late_threshold(spark: SparkSession, cut_us: int) -> DataFrame:
+    """The late cut (epoch µs) as a one-row broadcast column ``_late_cut``, to cross-join.
+
+    Not a literal in the batch's projection: Spark writes number literals into the
+    generated code, so that large stage would be compiled (and JIT-compiled) again
+    every batch. And not ``lit(cut)`` on the one-row side either: the optimizer
+    propagates a literal column through the join (FoldablePropagation). ``id + cut``
+    is no literal; only the one-row stage's tiny code changes from batch to batch.
+    """
     from pyspark.sql import functions as F
 
+    return F.broadcast(spark.range(1).select((F.col("id") + F.lit(cut_us)).alias("_late_cut")))
+
+
+# ------------------------------------------------------------------ write
+def _batch_literal(batch_id: int) -> Column:
+    """The batch id as the partition value, a string literal: Spark writes a number
+    literal into the generated code and so compiled the write's stage again every
+    batch, where a string one is passed as a reference. The directory name
+    (``batch_id=7``) and the type readers infer from it are the same."""
+    from pyspark.sql import functions as F
+
+    return F.lit(str(batch_id))
+
+
+def write_events_batch(events: DataFrame, settings: Settings, batch_id: int) -> None:
+    """Valid on-time events of one batch -> ``events/event_date=/event_hour=/batch_id=``."""
     offline_store.configure_parquet(events.sparkSession)
-    rows = offline_store.with_event_partitions(events).withColumn(BATCH_COLUMN, F.lit(batch_id))
+    rows = offline_store.with_event_partitions(events).withColumn(BATCH_COLUMN,
+                                                                  _batch_literal(batch_id))
     (rows.write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
      .partitionBy(*offline_store.EVENT_PARTITION_COLUMNS, BATCH_COLUMN)
      .parquet(offline_store.events_path(settings)))
@@ -205,10 +229,9 @@ def write_events_batch(events: DataFrame, settings: Settings, batch_id: int) -> 
 
 def write_quarantine_batch(rows: DataFrame, settings: Settings, batch_id: int) -> None:
     """Quarantine rows of one batch -> ``quarantine/ingest_date=/batch_id=``."""
-    from pyspark.sql import functions as F
-
     offline_store.configure_parquet(rows.sparkSession)
-    out = offline_store.with_quarantine_partitions(rows).withColumn(BATCH_COLUMN, F.lit(batch_id))
+    out = offline_store.with_quarantine_partitions(rows).withColumn(BATCH_COLUMN,
+                                                                    _batch_literal(batch_id))
     (out.write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
      .partitionBy(*offline_store.QUARANTINE_PARTITION_COLUMNS, BATCH_COLUMN)
      .parquet(offline_store.quarantine_path(settings)))
@@ -367,7 +390,6 @@ class BatchProcessor:
         from concurrent.futures import ThreadPoolExecutor
 
         from pyspark.sql import Observation
-        from pyspark.sql import functions as F
 
         started = time.time()
         spark = batch.sparkSession
@@ -380,10 +402,8 @@ class BatchProcessor:
         # localCheckpoint materializes the batch once (the Observation collects its
         # figures in the same job) and cuts the large validation plan out of the
         # lineage, so the many small plans below stay cheap to analyze.
-        # The threshold arrives through a one-row broadcast, not as a literal: the
-        # generated code of this stage stays the same from batch to batch (compiled once).
         cut = -(2**63) if prev_clock is None else prev_clock - lateness_us
-        threshold = F.broadcast(spark.range(1).select(F.lit(cut).alias("_late_cut")))
+        threshold = late_threshold(spark, cut)
         cols = self._columns()
         observation = Observation("shopstream_batch")  # a fixed name: generated code is reused
         checked = batch.crossJoin(threshold).select(*cols.checked).observe(

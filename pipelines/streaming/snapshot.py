@@ -162,11 +162,11 @@ class _Files:
     def __init__(self, spark: SparkSession) -> None:
         jvm = spark._jvm  # type: ignore[attr-defined]
         assert jvm is not None
-        self._jvm = jvm
+        self._path_class = getattr(jvm, "org.apache.hadoop.fs.Path")  # by full name: one lookup
         self._conf = spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
 
     def _path(self, uri: str) -> Any:
-        return self._jvm.org.apache.hadoop.fs.Path(uri)
+        return self._path_class(uri)
 
     def exists(self, uri: str) -> bool:
         path = self._path(uri)
