@@ -317,7 +317,8 @@ class ProgressListener(_ListenerBase):  # type: ignore[misc,valid-type]
 
     Spark calls it through :class:`_JsonProgressBridge`, which takes only the progress
     JSON from the JVM, instead of PySpark's own bridge, which rebuilds the whole
-    progress object call by call (see there): the ``on*`` methods get that JSON.
+    progress object call by call (see there): ``onQueryProgress`` gets that JSON text,
+    the other ``on*`` methods a small dict (``id``, and ``name`` or ``exception``).
     """
 
     def __init__(self, recorder: MetricsRecorder, query_names: tuple[str, ...] | None = None) -> None:

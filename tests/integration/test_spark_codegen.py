@@ -3,8 +3,9 @@
 Spark writes number literals into the Java code it generates for a stage, and a
 new source is a new Janino compile and new classes for the JIT: at a micro-batch
 a second, that cost the stream more CPU than its events did. The per-batch values
-(the batch id, the late cut) are kept out of the code; these tests count Spark's
-compiles (``CodegenMetrics``) across batches to hold that.
+(the batch id, the late cut) are kept out of the code. The tests hold that by
+counting Spark's compiles (``CodegenMetrics``) across batches, or by comparing the
+generated source of the batch's stage for different values.
 """
 
 from __future__ import annotations
