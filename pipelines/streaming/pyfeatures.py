@@ -22,6 +22,7 @@ Pure: no I/O, no Spark.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -54,6 +55,8 @@ __all__ = [
     "sales_units",
     "rank_top_items",
     "top_items",
+    "SalesKey",
+    "SalesTotals",
 ]
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -426,29 +429,39 @@ def sales_units(sales: Iterable[Mapping[str, Any]], current: int
 def rank_top_items(units: Mapping[tuple[str, str, str], Mapping[str, int]], as_of: datetime, *,
                    top_n: int) -> list[dict[str, Any]]:
     """Rows of ``TOP_ITEM_COLUMNS`` from units per ``(item, category, region)`` and window
-    (:func:`sales_units`): every scope, ranked by score descending, then item ascending."""
-    scoped: dict[tuple[str | None, str | None, str], dict[str, int]] = defaultdict(
-        lambda: dict.fromkeys(WINDOW_SECONDS, 0))
-    for (item, cat, reg), per_window in units.items():
-        for scope in ((None, None), (cat, None), (None, reg), (cat, reg)):
-            totals = scoped[(scope[0], scope[1], item)]
-            for w in WINDOW_SECONDS:
-                totals[w] += int(per_window.get(w, 0))
+    (:func:`sales_units`): every scope, ranked by score descending, then item ascending.
+
+    Runs on every top write (each micro-batch; up to four times a second in Real-time
+    Mode) over every item sold in the day, so it keeps one flat dict per window and picks
+    each list's ``top_n`` with a heap rather than sorting it: 12,000 sales keys took
+    about 190 ms with a dict per (scope, item) and full sorts.
+    """
+    per_window: dict[str, dict[tuple[str | None, str | None, str], int]] = {
+        w: {} for w in WINDOW_SECONDS}
+    for (item, cat, reg), by_window in units.items():
+        for w, sums in per_window.items():
+            n = int(by_window.get(w, 0))
+            if n:  # a scope with nothing sold in the window is in no list of it
+                for k in ((None, None, item), (cat, None, item), (None, reg, item),
+                          (cat, reg, item)):
+                    sums[k] = sums.get(k, 0) + n
     lists: dict[tuple[str, str, str | None, str | None], list[tuple[float, str]]] = defaultdict(list)
-    for (scope_cat, scope_reg, item), sums in scoped.items():
-        for w in WINDOW_SECONDS:
-            if sums[w] > 0:
-                lists[("top", w, scope_cat, scope_reg)].append((float(sums[w]), item))
-        if sums[SHORT_WINDOW] > 0:
-            score = trending_score(sums[SHORT_WINDOW], sums[LONG_WINDOW])
-            lists[("trend", SHORT_WINDOW, scope_cat, scope_reg)].append((score, item))
+    for w, sums in per_window.items():
+        for (scope_cat, scope_reg, item), n in sums.items():
+            if n > 0:
+                lists[("top", w, scope_cat, scope_reg)].append((-float(n), item))
+    long_sums = per_window[LONG_WINDOW]
+    for key, n in per_window[SHORT_WINDOW].items():
+        if n > 0:
+            lists[("trend", SHORT_WINDOW, key[0], key[1])].append(
+                (-trending_score(n, long_sums.get(key, 0)), key[2]))
     rows = []
     for (kind, window, list_cat, list_reg), entries in lists.items():
-        entries.sort(key=lambda e: (-e[0], e[1]))
-        for rank, (score, top_item) in enumerate(entries[:top_n], start=1):
+        # (-score, item): score descending, then item ascending, as the Spark ranking
+        for rank, (neg_score, top_item) in enumerate(heapq.nsmallest(top_n, entries), start=1):
             rows.append({"kind": kind, "window": window, "category_id": list_cat,
-                         "region": list_reg, "item_id": top_item, "score": score, "rank": rank,
-                         "event_timestamp": as_of})
+                         "region": list_reg, "item_id": top_item, "score": -neg_score,
+                         "rank": rank, "event_timestamp": as_of})
     return rows
 
 
@@ -457,3 +470,88 @@ def top_items(sales: Iterable[Mapping[str, Any]], as_of: datetime, *, slide_seco
     """:func:`features.windows.finalize_top_items` (rows of ``TOP_ITEM_COLUMNS``)."""
     current = tile_of(as_of, slide_seconds)
     return rank_top_items(sales_units(sales, current), as_of, top_n=top_n)
+
+
+SalesKey = tuple[str, str, str]
+"""``(item_id, category_id, region)``: the key of a sales tile."""
+
+
+class SalesTotals:
+    """:func:`sales_units` as of the clock's tile, kept up to date by changes instead of
+    summed from every tile each time.
+
+    Why: the Real-time feed ranks the top lists up to four times a second. Summing every
+    sales tile of the 24h window for each ranking (1,440 tiles at a one-minute slide,
+    each holding every item sold in its minute) costs more with every hour the stream
+    has run. Here a tile's new full value adds its change in units (new minus the value
+    it replaces) to the windows that hold the tile as of the clock, and moving the clock
+    into a later tile subtracts the tiles that left each window. Units are integers, so
+    the totals stay exactly those of :func:`sales_units` over the current tiles.
+
+    ``units``: ``(item, category, region)`` -> units per window; keys whose units are
+    zero in every window are dropped.
+    """
+
+    def __init__(self, current: int, slide: int,
+                 units: Mapping[SalesKey, Mapping[str, int]] | None = None) -> None:
+        self.current = current
+        self.slide = slide
+        self.units: dict[SalesKey, dict[str, int]] = {
+            k: dict(v) for k, v in (units or {}).items() if any(v.values())}
+
+    @classmethod
+    def from_tiles(cls, tiles: Iterable[Mapping[str, Any]], current: int, slide: int
+                   ) -> SalesTotals:
+        """The totals over every sales tile of the windows as of tile ``current``."""
+        return cls(current, slide, sales_units(tiles, current))
+
+    @staticmethod
+    def window_tiles(current: int, slide: int) -> range:
+        """Every tile of the longest window as of ``current`` (what :meth:`from_tiles` needs)."""
+        return range(_first_tile_after(current - WINDOW_SECONDS[LONG_WINDOW], slide),
+                     current + 1, slide)
+
+    def leaving(self, current: int) -> list[int]:
+        """Tiles that leave some window when the clock moves into tile ``current``: what
+        :meth:`advance` needs to read (their values before any later change)."""
+        out: set[int] = set()
+        for seconds in WINDOW_SECONDS.values():
+            out.update(self._leaving(seconds, current))
+        return sorted(out)
+
+    def _leaving(self, seconds: int, current: int) -> range:
+        return range(_first_tile_after(self.current - seconds, self.slide),
+                     min(current - seconds, self.current) + 1, self.slide)
+
+    def advance(self, current: int, tiles: Mapping[int, Iterable[Mapping[str, Any]]]) -> None:
+        """Move the clock to tile ``current``, subtracting the tiles that left each window
+        (``tiles``: tile start -> its sales tiles, for every start :meth:`leaving` named;
+        a start missing or empty had no sales). A ``current`` not later is ignored."""
+        if current <= self.current:
+            return
+        for window, seconds in WINDOW_SECONDS.items():
+            for start in self._leaving(seconds, current):
+                for t in tiles.get(start, ()):
+                    self._add((t["item_id"], t["category_id"], t["region"]), (window,),
+                              -int(t["units"]))
+        self.current = current
+
+    def change(self, tile_start: int, key: SalesKey, delta: int) -> None:
+        """A sales tile's units changed by ``delta``: add it to the windows that hold the tile."""
+        if delta:
+            self._add(key, [w for w in WINDOW_SECONDS if in_window(tile_start, self.current, w)],
+                      delta)
+
+    def _add(self, key: SalesKey, windows: Iterable[str], delta: int) -> None:
+        per_window = self.units.get(key)
+        if per_window is None:
+            per_window = self.units[key] = dict.fromkeys(WINDOW_SECONDS, 0)
+        for w in windows:
+            per_window[w] += delta
+        if not any(per_window.values()):
+            del self.units[key]
+
+
+def _first_tile_after(t: int, slide: int) -> int:
+    """The first tile start (a multiple of ``slide``) later than ``t``."""
+    return t - t % slide + slide

@@ -76,11 +76,12 @@ from pipelines.stream_state import DIRTY_TTL_SECONDS, dirty_key
 from pipelines.streaming.pyfeatures import (
     TILE_OF_ROW,
     ItemMetadata,
+    SalesTotals,
     finalize_item,
     finalize_user,
     from_us,
+    rank_top_items,
     tile_of,
-    top_items,
 )
 
 if TYPE_CHECKING:
@@ -109,7 +110,11 @@ QUERY_NAME = "shopstream-online-rtm"
 POLL_MS = 20
 """The feed's Kafka poll timeout: tiles reach Redis at most about this long after arriving."""
 TOP_EVERY_SECONDS = 0.25
-"""Top lists are recomputed at most this often (they read every sales tile of the window)."""
+"""Top lists are ranked at most this often."""
+TOP_SHARE = 0.2
+"""...and spend at most this share of the feed's time: after a ranking that took ``d``
+seconds the next waits ``d / TOP_SHARE`` (the ranking covers every item sold in the day:
+about 0.1 s for 12,000 sales keys), so tiles keep flowing however large the day gets."""
 REPORT_SECONDS = 5.0
 """How often the feed writes its freshness figures to the progress hash."""
 
@@ -209,9 +214,12 @@ class RealtimeWriter:
         self._snapshot_due = self._client.register_script(_SNAPSHOT_DUE_LUA)
         self.snapshot_asked = False
         self._buffer: list[dict[str, Any]] = []
-        self._last_top = 0.0
+        self._next_top = 0.0
         self.top_dirty = False
         self._latencies: list[float] = []
+        # rebuilt from the stored tiles by the next flush: after an outage a pipeline may
+        # have written tiles whose changes never reached the totals
+        self._totals: SalesTotals | None = None
 
     def disconnect(self) -> None:
         if self._client is not None:
@@ -239,12 +247,25 @@ class RealtimeWriter:
         client = self._client
         touched: dict[str, set[str]] = {"user": set(), "item": set()}
         meta = ItemMetadata()
-        max_us = 0
+        max_us = max((int(row["max_us"]) for row in latest.values()), default=0)
+        # the clock first: a sales tile's change goes to the windows holding it as of the clock
+        clock_us = int(self._clock(keys=[rt_clock_key()], args=[max_us]))
+        as_of = from_us(clock_us)
+        current = tile_of(as_of, self.slide)
+        # the sales tiles the totals need, read before this flush's writes replace any
+        totals = self._totals
+        reads = (list(SalesTotals.window_tiles(current, self.slide)) if totals is None
+                 else totals.leaving(current))
+        sales: list[tuple[int, dict[str, Any], int]] = []  # tile, new tile, its old value's reply
         with client.pipeline(transaction=False) as pipe:
+            for start in reads:
+                pipe.hgetall(rt_tiles_key("sales", str(start)))
             for (kind, key, tile), row in latest.items():
-                max_us = max(max_us, int(row["max_us"]))
-                value = _encode_tile(TILE_OF_ROW[kind](row))
+                tile_value = TILE_OF_ROW[kind](row)
+                value = _encode_tile(tile_value)
                 if kind == "sales":
+                    sales.append((tile, tile_value, len(pipe)))
+                    pipe.hget(rt_tiles_key("sales", str(tile)), key)
                     pipe.hset(rt_tiles_key("sales", str(tile)), key, value)
                     pipe.expire(rt_tiles_key("sales", str(tile)), self.ttl)
                     self.top_dirty = True
@@ -254,13 +275,21 @@ class RealtimeWriter:
                 touched[kind].add(key)
                 if kind == "item":
                     meta.add(row)
-            pipe.execute()
-        clock_us = int(self._clock(keys=[rt_clock_key()], args=[max_us]))
-        as_of = from_us(clock_us)
+            replies = pipe.execute()
+        read = {start: [_decode_tile(v) for v in replies[i].values()]
+                for i, start in enumerate(reads)}
+        if totals is None:
+            totals = self._totals = SalesTotals.from_tiles(
+                [t for tiles in read.values() for t in tiles], current, self.slide)
+        else:
+            totals.advance(current, read)
+        for tile, new, at in sales:
+            old = replies[at]
+            totals.change(tile, (new["item_id"], new["category_id"], new["region"]),
+                          int(new["units"]) - (int(_decode_tile(old)["units"]) if old else 0))
 
         users = sorted(touched["user"])
         items = sorted(touched["item"])
-        current = tile_of(as_of, self.slide)
         with client.pipeline(transaction=False) as pipe:
             # a snapshot due now covers the tiles before this one, whose sets are complete
             # (this flush and the next ones add to this tile's or later ones); it is
@@ -297,7 +326,7 @@ class RealtimeWriter:
             online_writer.write_item_metadata(client, metadata, ttl_seconds=self.ttl)
         done = time.time()
         self._latencies.extend(done - r["max_us"] / 1e6 for r in latest.values())
-        if self.top_dirty and (final or done - self._last_top >= TOP_EVERY_SECONDS):
+        if self.top_dirty and (final or done >= self._next_top):
             self._write_top(as_of)
 
     def snapshots_asked(self) -> dict[int, int]:
@@ -306,19 +335,17 @@ class RealtimeWriter:
         return {int(tile): int(first) for tile, first in asked.items()}
 
     def _write_top(self, as_of: datetime) -> None:
+        """Rank the lists from the running totals (:class:`SalesTotals`, kept by
+        :meth:`flush`), not from every sales tile of the window."""
         from pipelines import online_writer
 
-        current = tile_of(as_of, self.slide)
-        starts = range(current - WINDOW_SECONDS[LONG_WINDOW] + self.slide, current + 1, self.slide)
-        with self._client.pipeline(transaction=False) as pipe:
-            for start in starts:
-                pipe.hgetall(rt_tiles_key("sales", str(start)))
-            stored = pipe.execute()
-        sales = [_decode_tile(v) for mapping in stored for v in mapping.values()]
-        rows = top_items(sales, as_of, slide_seconds=self.slide, top_n=self.top_n)
+        assert self._totals is not None  # a flush made them before any top write
+        started = time.time()
+        rows = rank_top_items(self._totals.units, as_of, top_n=self.top_n)
         if rows:
             online_writer.write_top_items(self._client, rows, top_n=self.top_n, prune=True)
-        self._last_top = time.time()
+        end = time.time()
+        self._next_top = end + max(TOP_EVERY_SECONDS, (end - started) / TOP_SHARE)
         self.top_dirty = False
 
     def report(self) -> None:

@@ -149,8 +149,8 @@ def test_python_finalize_agrees_with_features_windows(spark: Any) -> None:
 def test_rows_after_a_throttled_top_write_reach_the_lists_on_the_final_flush(
     spark: Any, settings: Settings, redis_client: Any,
 ) -> None:
-    """Top lists are recomputed at most every TOP_EVERY_SECONDS; rows that change a sales
-    tile right after a top write must still reach the lists when nothing more is waiting
+    """Top lists are ranked at most every TOP_EVERY_SECONDS (longer after a slow ranking);
+    rows that change a sales tile right after a top write must still reach the lists when nothing more is waiting
     (the bug that left the corpus's sales out of the lists at the end of a Real-time epoch)."""
     from pipelines.online_writer import top_item_key
     from pipelines.streaming.realtime import RealtimeWriter
