@@ -57,6 +57,7 @@ __all__ = [
     "top_items",
     "SalesKey",
     "SalesTotals",
+    "RunningItems",
 ]
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -520,8 +521,7 @@ class SalesTotals:
         return sorted(out)
 
     def _leaving(self, seconds: int, current: int) -> range:
-        return range(_first_tile_after(self.current - seconds, self.slide),
-                     min(current - seconds, self.current) + 1, self.slide)
+        return _leaving_tiles(self.current, current, seconds, self.slide)
 
     def advance(self, current: int, tiles: Mapping[int, Iterable[Mapping[str, Any]]]) -> None:
         """Move the clock to tile ``current``, subtracting the tiles that left each window
@@ -555,3 +555,91 @@ class SalesTotals:
 def _first_tile_after(t: int, slide: int) -> int:
     """The first tile start (a multiple of ``slide``) later than ``t``."""
     return t - t % slide + slide
+
+
+class RunningItems:
+    """Per item, :class:`ItemBase` sums over *every* tile of each window as of the clock's
+    tile, kept by changes: what :func:`finalize_item` computes, without reading the tiles.
+
+    Why: the Real-time feed finalizes every item a flush touches (up to fifty flushes a
+    second), and a popular item holds a tile for every minute of the day: reading and
+    summing its 1,440 tiles per touch grows with every hour the stream has run. Here a
+    tile's new full value replaces the old one in the windows that hold it, and the clock
+    moving on removes the tiles that left each window (read by the caller: only those).
+    Tiles cover disjoint times, so the latest category is in the newest tile and survives
+    removals of older ones (:class:`ItemBase`).
+
+    In memory of one process (the feed, the only writer of these tiles): an item is
+    rebuilt from its stored tiles on its first touch, and :meth:`clear` forgets
+    everything when the process can no longer be sure its changes reached Redis.
+    """
+
+    def __init__(self, slide: int) -> None:
+        self.slide = slide
+        self._items: dict[str, tuple[int, ItemBase]] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def clear(self) -> None:
+        self._items.clear()
+
+    def known(self, item: str) -> bool:
+        return item in self._items
+
+    def leaving(self, item: str, current: int) -> list[int]:
+        """The item's tiles that leave some window when its clock moves into ``current``."""
+        since, _ = self._items[item]
+        out: set[int] = set()
+        for seconds in WINDOW_SECONDS.values():
+            out.update(_leaving_tiles(since, current, seconds, self.slide))
+        return sorted(out)
+
+    def rebuild(self, item: str, tiles: Iterable[Mapping[str, Any]], current: int) -> None:
+        """Start the item from every stored tile (as of tile ``current``)."""
+        base = ItemBase({})
+        for w in WINDOW_SECONDS:
+            base.add_all(w, sorted((t for t in tiles if in_window(int(t["tile_start"]), current, w)),
+                                   key=lambda t: int(t["tile_start"])))
+        self._items[item] = (current, base)
+
+    def advance(self, item: str, current: int, tiles: Mapping[int, Mapping[str, Any]]) -> None:
+        """Move the item's clock to ``current``: remove the tiles that left each window
+        (``tiles``: start -> the tile as the sums hold it, for the starts :meth:`leaving`
+        named; a missing start had no tile)."""
+        since, base = self._items[item]
+        if current <= since:
+            return
+        for w, seconds in WINDOW_SECONDS.items():
+            for start in _leaving_tiles(since, current, seconds, self.slide):
+                if start in tiles:
+                    base.remove(w, tiles[start])
+        self._items[item] = (current, base)
+
+    def replace(self, item: str, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
+        """A tile's new full value (``old``: the value it replaces, ``None`` if new), after
+        :meth:`advance` to the clock."""
+        current, base = self._items[item]
+        start = int(new["tile_start"])
+        for w in WINDOW_SECONDS:
+            if in_window(start, current, w):
+                if old is not None:
+                    base.remove(w, old)
+                base.add(w, new)
+
+    def finalize(self, item: str, as_of: datetime) -> dict[str, Any]:
+        """:func:`finalize_item` of the item as of ``as_of`` (in its clock's tile)."""
+        _, base = self._items[item]
+        return base.finalize(item, (), as_of, slide_seconds=self.slide)
+
+    def forget_before(self, current: int) -> None:
+        """Drop items whose clock is a whole long window behind ``current`` (every window
+        of theirs is empty now; a later touch rebuilds them)."""
+        horizon = current - WINDOW_SECONDS[LONG_WINDOW]
+        for item in [i for i, (since, _) in self._items.items() if since <= horizon]:
+            del self._items[item]
+
+
+def _leaving_tiles(since: int, current: int, seconds: int, slide: int) -> range:
+    """Tiles in a ``seconds`` window as of tile ``since`` and not as of ``current``."""
+    return range(_first_tile_after(since - seconds, slide), min(current - seconds, since) + 1, slide)

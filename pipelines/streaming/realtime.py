@@ -76,8 +76,8 @@ from pipelines.stream_state import DIRTY_TTL_SECONDS, dirty_key
 from pipelines.streaming.pyfeatures import (
     TILE_OF_ROW,
     ItemMetadata,
+    RunningItems,
     SalesTotals,
-    finalize_item,
     finalize_user,
     from_us,
     rank_top_items,
@@ -220,6 +220,8 @@ class RealtimeWriter:
         # rebuilt from the stored tiles by the next flush: after an outage a pipeline may
         # have written tiles whose changes never reached the totals
         self._totals: SalesTotals | None = None
+        self._items = RunningItems(self.slide)
+        self._items_tile = 0
 
     def disconnect(self) -> None:
         if self._client is not None:
@@ -257,6 +259,7 @@ class RealtimeWriter:
         reads = (list(SalesTotals.window_tiles(current, self.slide)) if totals is None
                  else totals.leaving(current))
         sales: list[tuple[int, dict[str, Any], int]] = []  # tile, new tile, its old value's reply
+        item_writes: list[tuple[str, dict[str, Any], int]] = []  # the same for items
         with client.pipeline(transaction=False) as pipe:
             for start in reads:
                 pipe.hgetall(rt_tiles_key("sales", str(start)))
@@ -270,6 +273,9 @@ class RealtimeWriter:
                     pipe.expire(rt_tiles_key("sales", str(tile)), self.ttl)
                     self.top_dirty = True
                     continue
+                if kind == "item":
+                    item_writes.append((key, tile_value, len(pipe)))
+                    pipe.hget(rt_tiles_key(kind, key), str(tile))
                 pipe.hset(rt_tiles_key(kind, key), str(tile), value)
                 pipe.expire(rt_tiles_key(kind, key), self.ttl)
                 touched[kind].add(key)
@@ -287,6 +293,16 @@ class RealtimeWriter:
             old = replies[at]
             totals.change(tile, (new["item_id"], new["category_id"], new["region"]),
                           int(new["units"]) - (int(_decode_tile(old)["units"]) if old else 0))
+        # per item, this flush's tiles: start -> (the value it replaced, the new one)
+        changes: dict[str, dict[int, tuple[dict[str, Any] | None, dict[str, Any]]]] = {}
+        for key, new, at in item_writes:
+            old = replies[at]
+            changes.setdefault(key, {})[int(new["tile_start"])] = (
+                _decode_tile(old) if old else None, new)
+        running = self._items
+        if current > self._items_tile:
+            running.forget_before(current)
+            self._items_tile = current
 
         users = sorted(touched["user"])
         items = sorted(touched["item"])
@@ -304,18 +320,43 @@ class RealtimeWriter:
             marks = len(pipe)
             for key in users:
                 pipe.hgetall(rt_tiles_key("user", key))
+            # items: a known one reads only the tiles leaving its windows, a new one all
+            item_reads: list[tuple[str, list[int] | None, int | None]] = []
             for key in items:
-                pipe.hgetall(rt_tiles_key("item", key))
+                if running.known(key):
+                    starts = running.leaving(key, current)
+                    item_reads.append((key, starts, len(pipe) if starts else None))
+                    if starts:
+                        pipe.hmget(rt_tiles_key("item", key), [str(t) for t in starts])
+                else:
+                    item_reads.append((key, None, len(pipe)))
+                    pipe.hgetall(rt_tiles_key("item", key))
             replies = pipe.execute()
         if replies[0]:
             self.snapshot_asked = True
-        stored = replies[marks:]
+        stored = replies[marks:marks + len(users)]
         user_rows = [finalize_user(key, [_decode_tile(v) for v in m.values()], as_of,
                                    slide_seconds=self.slide, last_items_n=self.last_items_n)
-                     for key, m in zip(users, stored[:len(users)], strict=True)]
-        item_rows = [finalize_item(key, [_decode_tile(v) for v in m.values()], as_of,
-                                   slide_seconds=self.slide)
-                     for key, m in zip(items, stored[len(users):], strict=True)]
+                     for key, m in zip(users, stored, strict=True)]
+        item_rows = []
+        for key, starts, at in item_reads:
+            if starts is None:  # rebuilt from what is stored now, this flush's tiles included
+                assert at is not None
+                running.rebuild(key, [_decode_tile(v) for v in replies[at].values()], current)
+            else:
+                mine = changes.get(key, {})
+                now = dict(zip(starts, replies[at], strict=True)) if at is not None else {}
+                leaving: dict[int, dict[str, Any]] = {}
+                for start in starts:  # as the sums hold them: before this flush's writes
+                    if start in mine:
+                        if mine[start][0] is not None:
+                            leaving[start] = mine[start][0]
+                    elif now.get(start) is not None:
+                        leaving[start] = _decode_tile(now[start])
+                running.advance(key, current, leaving)
+                for old, new in mine.values():
+                    running.replace(key, old, new)
+            item_rows.append(running.finalize(key, as_of))
         if user_rows:
             online_writer.write_entity_rows(client, USER_ACTIVITY, user_rows,
                                             ttl_seconds=self.ttl)

@@ -174,6 +174,65 @@ def test_rows_after_a_throttled_top_write_reach_the_lists_on_the_final_flush(
         writer.disconnect()
 
 
+def test_items_keep_their_windows_across_a_day_of_flushes_and_late_tiles(
+    spark: Any, settings: Settings, redis_client: Any,
+) -> None:
+    """The feed keeps each item's sums as of its clock (``RunningItems``) and reads only the
+    tiles that leave its windows. Over 26 hours of events written in eight flushes, each
+    with late events in new tiles and in stored ones, out of the hour (some out of the
+    day), every item a flush touches is online with :func:`finalize_item` over all its
+    tiles so far."""
+    import random
+
+    from features.feast_layout import ITEM_STATS
+    from pipelines.streaming.pyfeatures import TILE_OF_ROW, finalize_item, from_us
+    from pipelines.streaming.realtime import RealtimeWriter, rt_clock_key
+    from pipelines.verify import _normalized, _read_online
+
+    rnd = random.Random(5)
+    events = sorted(_events(480, 31, start=AS_OF - timedelta(hours=26), span_s=26 * 3600),
+                    key=lambda e: e[2])
+    parts = [events[i * 60:(i + 1) * 60] for i in range(8)]
+    for k, part in enumerate(parts[1:], start=1):
+        earlier = [e for p in parts[:k] for e in p]
+        for j in range(3):  # copies of this part's events 1-30 hours behind its first one
+            e = rnd.choice(part)
+            part.append((f"late-{k}-{j}", e[1], part[0][2] - timedelta(minutes=rnd.randint(60, 1800)),
+                         *e[3:]))
+        for j in range(3):  # and of earlier events, into their (stored) tiles
+            part.append((f"again-{k}-{j}", *rnd.choice(earlier)[1:]))
+    writer = RealtimeWriter(settings)
+    writer.connect()
+    seen: list[tuple] = []
+    try:
+        for part in parts:
+            seen += part
+            every = keyed_rows_of(spark, spark.createDataFrame(seen, EVENT_SCHEMA))
+            touched = {(r["kind"], r["key"], r["tile_start"])
+                       for r in keyed_rows_of(spark, spark.createDataFrame(part, EVENT_SCHEMA))}
+            for row in every:  # full tiles, as the Real-time query emits them
+                if (row["kind"], row["key"], row["tile_start"]) in touched:
+                    writer.add(row)
+            writer.flush(final=True)
+            as_of = from_us(int(redis_client.get(rt_clock_key())))
+            items = sorted({key for kind, key, _ in touched if kind == "item"})
+            online = _read_online(redis_client, ITEM_STATS, items)
+            for item in items:
+                tiles = [TILE_OF_ROW["item"](r) for r in every
+                         if r["kind"] == "item" and r["key"] == item]
+                want = _normalized(ITEM_STATS, finalize_item(item, tiles, as_of, slide_seconds=60))
+                got = online[item][1]
+                assert got.keys() == want.keys()
+                for name, value in want.items():
+                    if isinstance(value, float):
+                        assert got[name] == pytest.approx(value, rel=1e-9, abs=1e-12), (item, name)
+                    else:
+                        assert got[name] == value, (item, name)
+        assert len(writer._items) > 0
+    finally:
+        writer.disconnect()
+
+
 def _run_until_caught_up(feed: Any, timeout_s: float, what: str) -> None:
     """Start ``feed``, wait until it has applied the topic and written its snapshots, stop it."""
     feed.start()

@@ -102,3 +102,64 @@ def test_totals_built_from_the_tiles_match_and_rank_like_top_items() -> None:
     as_of = pyf.from_us((current + 30) * 1_000_000)
     assert pyf.rank_top_items(totals.units, as_of, top_n=3) == pyf.top_items(
         tiles, as_of, slide_seconds=SLIDE, top_n=3)
+
+
+# ------------------------------------------------------------ items
+def _grow(rnd: random.Random, old: dict[str, Any] | None, start: int) -> dict[str, Any]:
+    """A tile's next full value: more events than ``old``, the latest category at a later
+    time within the tile."""
+    base = old or {"tile_start": start, "category_id": "c0", "category_us": start * 1_000_000,
+                   "views": 0, "carts": 0, "purchases": 0, "units": 0, "revenue": 0.0}
+    bought = rnd.randint(0, 2)
+    event_us = start * 1_000_000 + rnd.randint(0, SLIDE * 1_000_000 - 1)
+    latest = max((base["category_us"], base["category_id"]), (event_us, rnd.choice(["c0", "c1", "c2"])))
+    return {**base, "views": base["views"] + rnd.randint(0, 3), "carts": base["carts"] + rnd.randint(0, 1),
+            "purchases": base["purchases"] + bought, "units": base["units"] + bought * rnd.randint(1, 3),
+            "revenue": base["revenue"] + bought * rnd.choice([0.1, 9.99, 1234.5, 1e-3]),
+            "category_us": latest[0], "category_id": latest[1]}
+
+
+def _same_item_row(mine: dict[str, Any], want: dict[str, Any]) -> None:
+    assert mine.keys() == want.keys()
+    for name, value in want.items():
+        if isinstance(value, float):
+            assert mine[name] == pytest.approx(value, rel=1e-9, abs=1e-12), name
+        else:
+            assert mine[name] == value, name
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_running_items_match_finalize_item_over_the_stored_tiles(seed: int) -> None:
+    """The feed's order: known items move their clock (leaving tiles as stored before this
+    flush), then each new full tile replaces the old; unknown ones are rebuilt from what is
+    stored after the flush. Every touched item finalizes as :func:`finalize_item` does."""
+    rnd = random.Random(seed)
+    items = ["a", "b", "c"]
+    store: dict[str, dict[int, dict[str, Any]]] = {i: {} for i in items}
+    running = pyf.RunningItems(SLIDE)
+    current = 1_700_000_400 - 1_700_000_400 % SLIDE
+    for step in range(300):
+        current += rnd.choice([0, 0, 1, 1, 2, 6, 150]) * SLIDE
+        if step % 97 == 96:
+            running.clear()  # as after a Redis outage: rebuilt on the next touch
+        running.forget_before(current)
+        writes: dict[str, dict[int, dict[str, Any]]] = {}
+        for _ in range(rnd.randint(1, 4)):
+            item = rnd.choice(items)
+            start = current - rnd.choice([0, 0, 1, 4, 7, 200]) * SLIDE
+            old = writes.get(item, {}).get(start) or store[item].get(start)
+            writes.setdefault(item, {})[start] = _grow(rnd, old, start)
+        as_of = pyf.from_us(current * 1_000_000 + 17)
+        for item, tiles in writes.items():
+            before = dict(store[item])
+            store[item].update(tiles)
+            if running.known(item):
+                running.advance(item, current, {s: before[s] for s in running.leaving(item, current)
+                                                if s in before})
+                for start, tile in tiles.items():
+                    running.replace(item, before.get(start), tile)
+            else:
+                running.rebuild(item, list(store[item].values()), current)
+            _same_item_row(running.finalize(item, as_of),
+                           pyf.finalize_item(item, list(store[item].values()), as_of,
+                                             slide_seconds=SLIDE))
