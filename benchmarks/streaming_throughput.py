@@ -454,6 +454,23 @@ def _realtime_freshness(run_settings: Any, topic: str, rate: float, probes: int,
     return {**probe_summary(latencies, sent), "caught_up_s": caught_up_s}
 
 
+def rates(text: str) -> list[float]:
+    """``--realtime-rates``: comma-separated positive events/s (``"300,500"``)."""
+    out = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            rate = float(part)
+        except ValueError:
+            rate = float("nan")
+        if not rate > 0:  # NaN too
+            raise argparse.ArgumentTypeError(
+                f"{part!r} is not a positive number of events/s (expected e.g. 300,500,700)")
+        out.append(rate)
+    return out
+
+
 def main(argv: list[str] | None = None) -> BenchResult:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -463,7 +480,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
                         help="backlog of each system's cold-start run before the measured one "
                              "(default 100,000; 0: none)")
     parser.add_argument("--rate", type=float, default=1000.0, help="background events/s")
-    parser.add_argument("--realtime-rates", default="",
+    parser.add_argument("--realtime-rates", type=rates, default=[],
                         help="more background rates (events/s, comma-separated) to probe "
                              "Real-time Mode at, each a row of its own: where it stops keeping up")
     parser.add_argument("--no-peer", action="store_true", help="skip Feast's processor")
@@ -562,8 +579,8 @@ def main(argv: list[str] | None = None) -> BenchResult:
         freshness: dict[str, list[float]] = {}
         runs = [("microbatch", args.rate)]
         if not args.no_realtime:
-            extra = [float(r) for r in args.realtime_rates.split(",") if r.strip()]
-            runs += [("realtime", rate) for rate in [args.rate, *extra]]
+            runs += [("realtime", rate) for rate in
+                     [args.rate, *(r for r in args.realtime_rates if r != args.rate)]]
         for mode, rate in runs:
             label = mode if rate == args.rate else f"{mode}, {rate:,.0f} events/s"
             _say(f"freshness, {label}: {probes} probes at {rate:,.0f} background events/s")

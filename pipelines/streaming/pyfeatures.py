@@ -598,9 +598,9 @@ class RunningItems:
     def rebuild(self, item: str, tiles: Iterable[Mapping[str, Any]], current: int) -> None:
         """Start the item from every stored tile (as of tile ``current``)."""
         base = ItemBase({})
+        tiles = list(tiles)  # read once per window
         for w in WINDOW_SECONDS:
-            base.add_all(w, sorted((t for t in tiles if in_window(int(t["tile_start"]), current, w)),
-                                   key=lambda t: int(t["tile_start"])))
+            base.add_all(w, [t for t in tiles if in_window(int(t["tile_start"]), current, w)])
         self._items[item] = (current, base)
 
     def advance(self, item: str, current: int, tiles: Mapping[int, Mapping[str, Any]]) -> None:

@@ -42,3 +42,19 @@ def test_warm_rate_needs_a_second_batch() -> None:
     assert warm_rate([(2_000, 900.0)]) is None
     assert warm_rate([(0, 10.0), (2_000, 900.0), (0, 20.0)]) is None
     assert warm_rate([]) is None
+
+
+def test_realtime_rates_parse_and_name_a_bad_value() -> None:
+    import argparse
+
+    import pytest
+
+    from benchmarks.streaming_throughput import main, rates
+
+    assert rates("300, 500,,700") == [300.0, 500.0, 700.0]
+    for bad in ("300,fast", "0", "-5", "nan"):
+        with pytest.raises(argparse.ArgumentTypeError, match="not a positive number"):
+            rates(bad)
+    with pytest.raises(SystemExit) as exit_info:  # argparse: usage and the option's name, exit 2
+        main(["--realtime-rates", "300,fast"])
+    assert exit_info.value.code == 2
