@@ -63,6 +63,7 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -187,6 +188,32 @@ return 0
 since it (not before ARGV[2]) and move the boundary, in one step; 1 when one was asked for."""
 
 
+@dataclass
+class _TileWrites:
+    """What :meth:`RealtimeWriter.flush`'s first round trip wrote and read back.
+
+    ``sales`` and ``items`` hold (tile or key, the new tile, the index of the reply
+    holding the value it replaced); ``sales_reads`` the sales tiles read whole, in
+    reply order from 0.
+    """
+
+    sales_reads: list[int]
+    sales: list[tuple[int, dict[str, Any], int]] = field(default_factory=list)
+    items: list[tuple[str, dict[str, Any], int]] = field(default_factory=list)
+    touched: dict[str, set[str]] = field(default_factory=lambda: {"user": set(), "item": set()})
+    meta: ItemMetadata = field(default_factory=ItemMetadata)
+    replies: list[Any] = field(default_factory=list)
+
+    def item_changes(self) -> dict[str, dict[int, tuple[dict[str, Any] | None, dict[str, Any]]]]:
+        """Per item, this flush's tiles: start -> (the value it replaced, the new one)."""
+        changes: dict[str, dict[int, tuple[dict[str, Any] | None, dict[str, Any]]]] = {}
+        for key, new, at in self.items:
+            old = self.replies[at]
+            changes.setdefault(key, {})[int(new["tile_start"])] = (
+                _decode_tile(old) if old else None, new)
+        return changes
+
+
 class RealtimeWriter:
     """Full tile rows -> Redis: tiles, the clock, the touched entities' features, top lists.
 
@@ -236,7 +263,12 @@ class RealtimeWriter:
         """Write the buffered tiles and the touched entities' features; the top lists too
         when due. ``final`` (nothing more is waiting) writes them whenever this or an
         earlier flush changed a sales tile: rows after a throttled top write must reach
-        the lists, not wait for a next flush that may never come."""
+        the lists, not wait for a next flush that may never come.
+
+        Two pipelined round trips: the tiles (with the values they replace and the
+        sales tiles leaving the windows), then what the touched entities' features
+        need; the features, item metadata and (when due) top lists are written after.
+        """
         from features.feast_layout import ITEM_STATS, USER_ACTIVITY
         from pipelines import online_writer
 
@@ -246,73 +278,93 @@ class RealtimeWriter:
         latest: dict[tuple[str, str, int], dict[str, Any]] = {}
         for row in rows:  # update mode: a later row of a tile replaces an earlier one
             latest[(row["kind"], row["key"], row["tile_start"])] = row
-        client = self._client
-        touched: dict[str, set[str]] = {"user": set(), "item": set()}
-        meta = ItemMetadata()
         max_us = max((int(row["max_us"]) for row in latest.values()), default=0)
         # the clock first: a sales tile's change goes to the windows holding it as of the clock
-        clock_us = int(self._clock(keys=[rt_clock_key()], args=[max_us]))
-        as_of = from_us(clock_us)
+        as_of = from_us(int(self._clock(keys=[rt_clock_key()], args=[max_us])))
         current = tile_of(as_of, self.slide)
-        # the sales tiles the totals need, read before this flush's writes replace any
+        written = self._write_tiles(latest, current)
+        self._update_totals(written, current)
+        if current > self._items_tile:
+            self._items.forget_before(current)
+            self._items_tile = current
+        user_rows, item_rows = self._touched_rows(written, current, as_of)
+        if user_rows:
+            online_writer.write_entity_rows(self._client, USER_ACTIVITY, user_rows,
+                                            ttl_seconds=self.ttl)
+        if item_rows:
+            online_writer.write_entity_rows(self._client, ITEM_STATS, item_rows,
+                                            ttl_seconds=self.ttl)
+        metadata = written.meta.rows()
+        if metadata:
+            online_writer.write_item_metadata(self._client, metadata, ttl_seconds=self.ttl)
+        done = time.time()
+        self._latencies.extend(done - r["max_us"] / 1e6 for r in latest.values())
+        if self.top_dirty and (final or done >= self._next_top):
+            self._write_top(as_of)
+
+    def _write_tiles(self, latest: Mapping[tuple[str, str, int], dict[str, Any]],
+                     current: int) -> _TileWrites:
+        """Round trip 1: write the tiles, reading in the same pipeline what each sales and
+        item tile replaces and the sales tiles the totals need (those leaving a window,
+        or the whole window when there are no totals yet), all before the writes."""
         totals = self._totals
         reads = (list(SalesTotals.window_tiles(current, self.slide)) if totals is None
                  else totals.leaving(current))
-        sales: list[tuple[int, dict[str, Any], int]] = []  # tile, new tile, its old value's reply
-        item_writes: list[tuple[str, dict[str, Any], int]] = []  # the same for items
-        with client.pipeline(transaction=False) as pipe:
+        out = _TileWrites(sales_reads=reads)
+        with self._client.pipeline(transaction=False) as pipe:
             for start in reads:
                 pipe.hgetall(rt_tiles_key("sales", str(start)))
             for (kind, key, tile), row in latest.items():
                 tile_value = TILE_OF_ROW[kind](row)
                 value = _encode_tile(tile_value)
                 if kind == "sales":
-                    sales.append((tile, tile_value, len(pipe)))
+                    out.sales.append((tile, tile_value, len(pipe)))
                     pipe.hget(rt_tiles_key("sales", str(tile)), key)
                     pipe.hset(rt_tiles_key("sales", str(tile)), key, value)
                     pipe.expire(rt_tiles_key("sales", str(tile)), self.ttl)
                     self.top_dirty = True
                     continue
                 if kind == "item":
-                    item_writes.append((key, tile_value, len(pipe)))
+                    out.items.append((key, tile_value, len(pipe)))
                     pipe.hget(rt_tiles_key(kind, key), str(tile))
+                    out.meta.add(row)
                 pipe.hset(rt_tiles_key(kind, key), str(tile), value)
                 pipe.expire(rt_tiles_key(kind, key), self.ttl)
-                touched[kind].add(key)
-                if kind == "item":
-                    meta.add(row)
-            replies = pipe.execute()
+                out.touched[kind].add(key)
+            out.replies = pipe.execute()
+        return out
+
+    def _update_totals(self, written: _TileWrites, current: int) -> None:
+        """Move the sales totals to the clock's tile, then add each new sales tile's change."""
+        replies = written.replies
         read = {start: [_decode_tile(v) for v in replies[i].values()]
-                for i, start in enumerate(reads)}
-        if totals is None:
-            totals = self._totals = SalesTotals.from_tiles(
+                for i, start in enumerate(written.sales_reads)}
+        if self._totals is None:
+            self._totals = SalesTotals.from_tiles(
                 [t for tiles in read.values() for t in tiles], current, self.slide)
         else:
-            totals.advance(current, read)
-        for tile, new, at in sales:
+            self._totals.advance(current, read)
+        for tile, new, at in written.sales:
             old = replies[at]
-            totals.change(tile, (new["item_id"], new["category_id"], new["region"]),
-                          int(new["units"]) - (int(_decode_tile(old)["units"]) if old else 0))
-        # per item, this flush's tiles: start -> (the value it replaced, the new one)
-        changes: dict[str, dict[int, tuple[dict[str, Any] | None, dict[str, Any]]]] = {}
-        for key, new, at in item_writes:
-            old = replies[at]
-            changes.setdefault(key, {})[int(new["tile_start"])] = (
-                _decode_tile(old) if old else None, new)
-        running = self._items
-        if current > self._items_tile:
-            running.forget_before(current)
-            self._items_tile = current
+            self._totals.change(tile, (new["item_id"], new["category_id"], new["region"]),
+                                int(new["units"]) - (int(_decode_tile(old)["units"]) if old else 0))
 
-        users = sorted(touched["user"])
-        items = sorted(touched["item"])
-        with client.pipeline(transaction=False) as pipe:
+    def _touched_rows(self, written: _TileWrites, current: int,
+                      as_of: datetime) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Round trip 2: mark the touched entities for the snapshot (and ask for one when
+        the clock entered a new tile), read what their features need; their rows as of
+        the clock. A user is finalized from all its tiles (a user holds few); a known item
+        from its running sums, reading only the tiles leaving its windows."""
+        running = self._items
+        users = sorted(written.touched["user"])
+        items = sorted(written.touched["item"])
+        item_reads: list[tuple[str, list[int] | None, int | None]] = []
+        with self._client.pipeline(transaction=False) as pipe:
             # a snapshot due now covers the tiles before this one, whose sets are complete
             # (this flush and the next ones add to this tile's or later ones); it is
             # written after this flush (TileFeed), so it reads this flush's rows
             self._snapshot_due(keys=list(rt_snapshot_keys()),
                                args=[current, current - WINDOW_SECONDS[LONG_WINDOW]], client=pipe)
-            # the touched entities, for the snapshot of the clock's tile
             for kind, keys in (("user", users), ("item", items)):
                 if keys:
                     pipe.sadd(dirty_key(kind, current), *keys)
@@ -320,9 +372,7 @@ class RealtimeWriter:
             marks = len(pipe)
             for key in users:
                 pipe.hgetall(rt_tiles_key("user", key))
-            # items: a known one reads only the tiles leaving its windows, a new one all
-            item_reads: list[tuple[str, list[int] | None, int | None]] = []
-            for key in items:
+            for key in items:  # a known item reads only the tiles leaving its windows, a new one all
                 if running.known(key):
                     starts = running.leaving(key, current)
                     item_reads.append((key, starts, len(pipe) if starts else None))
@@ -338,6 +388,7 @@ class RealtimeWriter:
         user_rows = [finalize_user(key, [_decode_tile(v) for v in m.values()], as_of,
                                    slide_seconds=self.slide, last_items_n=self.last_items_n)
                      for key, m in zip(users, stored, strict=True)]
+        changes = written.item_changes()
         item_rows = []
         for key, starts, at in item_reads:
             if starts is None:  # rebuilt from what is stored now, this flush's tiles included
@@ -357,18 +408,7 @@ class RealtimeWriter:
                 for old, new in mine.values():
                     running.replace(key, old, new)
             item_rows.append(running.finalize(key, as_of))
-        if user_rows:
-            online_writer.write_entity_rows(client, USER_ACTIVITY, user_rows,
-                                            ttl_seconds=self.ttl)
-        if item_rows:
-            online_writer.write_entity_rows(client, ITEM_STATS, item_rows, ttl_seconds=self.ttl)
-        metadata = meta.rows()
-        if metadata:
-            online_writer.write_item_metadata(client, metadata, ttl_seconds=self.ttl)
-        done = time.time()
-        self._latencies.extend(done - r["max_us"] / 1e6 for r in latest.values())
-        if self.top_dirty and (final or done >= self._next_top):
-            self._write_top(as_of)
+        return user_rows, item_rows
 
     def snapshots_asked(self) -> dict[int, int]:
         """The snapshots asked for and not written yet: tile -> the first tile covered."""
