@@ -12,6 +12,7 @@ traceback; ``--debug`` shows the traceback.
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -200,7 +201,9 @@ def stream(
     """Run the streaming feature job: Kafka -> validation -> quarantine, Parquet offline store, Redis features.
 
     Exactly once through the checkpoint (SHOPSTREAM_CHECKPOINT_DIR, default <data_dir>/checkpoints):
-    a restart after a crash resumes where the last complete micro-batch ended.
+    a restart after a crash resumes where the last complete micro-batch ended. SIGTERM or
+    Ctrl-C stops it after the running micro-batch (SHOPSTREAM_STREAM_STOP_GRACE_SECONDS);
+    a second one at once.
     """
     from pipelines.stream import StreamFailed, StreamOptions, run_stream
 
@@ -214,7 +217,7 @@ def stream(
     stop = "available_now" if available_now else ("idle" if until_idle is not None else "never")
     options = StreamOptions(stop=stop, idle_seconds=until_idle or 0.0, timeout_seconds=timeout)
     try:
-        recorder = run_stream(settings, options, stop_session=True)
+        recorder = run_stream(settings, options, stop_session=True, stop_on_signals=True)
     except StreamFailed as exc:
         if _state["debug"]:
             raise
@@ -556,6 +559,10 @@ def main() -> None:
 
     # typer vendors click; its UsageError is the base of BadParameter, NoSuchOption, ...
     usage_error = type(typer.BadParameter("")).__mro__[1]
+    # A process manager stops us with SIGTERM: handle it as Ctrl-C, so cleanup runs (the
+    # demo stops the servers it started, generate delivers what it buffered; the stream
+    # finishes its batch, pipelines.signals) instead of Python dying on the spot.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
     try:
         code = app(standalone_mode=False)

@@ -44,6 +44,7 @@ from rich.table import Table
 
 from pipelines.connections import kafka_producer
 from pipelines.settings import Settings
+from pipelines.signals import GracefulStop
 
 __all__ = [
     "DUPLICATE",
@@ -69,6 +70,8 @@ CHUNK = 2000
 """Records handed to a sink at a time (bounds the latency of progress and pacing)."""
 PACE_SLACK_S = 0.005
 """A paced record may leave up to this early; finer sleeps cost more than they buy."""
+STOP_POLL_S = 0.2
+"""A paced wait checks this often whether a stop (SIGTERM, Ctrl-C) was asked for."""
 STATUS_EVERY_S = 5.0
 """Status-line period when the console is not a terminal."""
 SLOW_BROKER_PATIENCE_S = 300.0
@@ -556,9 +559,12 @@ def produce(
         buffer.clear()
 
     lost, lost_error = 0, None
-    with _Progress(console, description, total) as progress:
+    stop = GracefulStop(description, finishing="delivering what was already sent")
+    with _Progress(console, description, total) as progress, stop:
         try:
             for record in records:
+                if stop.requested.is_set():
+                    break
                 if pace is not None:
                     if first_ms is None:
                         # The monotonic instant of the first record's time: now, or (wall clock)
@@ -572,12 +578,16 @@ def produce(
                     if due > now + PACE_SLACK_S:
                         if buffer:
                             flush(progress)
-                        time.sleep(max(0.0, due - time.monotonic()))
+                        while not stop.requested.is_set() and time.monotonic() < due:
+                            time.sleep(min(STOP_POLL_S, max(0.0, due - time.monotonic())))
+                        if stop.requested.is_set():
+                            break
                 buffer.append(record)
                 if len(buffer) >= CHUNK:
                     flush(progress)
             if buffer:
                 flush(progress)
+            report.interrupted = stop.requested.is_set()
         except KeyboardInterrupt:
             report.interrupted = True
             log.warning("interrupted: delivering what was already sent")

@@ -151,6 +151,12 @@ class Settings(BaseSettings):
     """How long a micro-batch keeps retrying its online writes while Redis is unreachable
     (a restart, a failover) before the job fails; the writes are idempotent per batch,
     so a retry after a partial write changes nothing twice. 0: fail at once."""
+    stream_stop_grace_seconds: float = Field(default=120.0, ge=0)
+    """On a stop (SIGTERM/SIGINT, ``--until-idle``, ``--timeout``): how long the running
+    micro-batch may take to finish before the query is stopped in the middle of it (safe:
+    the checkpoint replays it on restart, it is only work done twice). Under a process
+    manager keep it below its grace period before SIGKILL (Kubernetes'
+    ``terminationGracePeriodSeconds``, 30 s by default; systemd's ``TimeoutStopSec``)."""
     stream_batch_log_retain: int = Field(default=100, ge=2)
     """Per-batch clock files kept under the checkpoint (older ones are deleted)."""
     stream_metrics_textfile: str | None = None

@@ -56,6 +56,7 @@ from features.events import Reason
 from features.validation import QUARANTINE_COLUMNS, with_verdict
 from pipelines import offline_store
 from pipelines.settings import Settings
+from pipelines.signals import GracefulStop
 from pipelines.spark import STREAM_POOL, inheriting, scheduler_pool
 from pipelines.stream_metrics import BatchStats, MetricsRecorder, ProgressListener
 from pipelines.stream_state import BatchLog, BatchRecord, release
@@ -333,6 +334,34 @@ class BatchProcessor:
     _batch_log: BatchLog | None = field(default=None, init=False, repr=False)
     _online: Any = field(default=None, init=False, repr=False)
     _cols: _BatchColumns | None = field(default=None, init=False, repr=False)
+    stopping: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    """Set by :func:`stop_gracefully`: the next batch to end holds (:meth:`hold_if_stopping`)."""
+    holding: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    """Set while a complete batch holds the stream thread, waiting for ``query.stop()``."""
+    query: Any = field(default=None, init=False, repr=False)
+    """The query running this processor (set by :func:`start_stream`)."""
+
+    def hold_if_stopping(self, batch_id: int) -> None:
+        """At the end of a complete batch, while a stop is under way: keep the stream
+        thread here until the query is stopped.
+
+        Spark starts the next batch at once when it is behind, and ``query.stop()``
+        interrupts whatever batch runs, cancelling its Spark jobs half way (safe, the
+        batch is replayed on restart, but Spark 4.3 can fail while checking that
+        interruption, :func:`stop_gracefully`). Held here, no next batch starts and
+        nothing is cancelled: stop() marks the query stopped, this returns, and the
+        query ends. Spark does not mark a batch done once stop() was called (seen on
+        4.3: no commit file), so the next start runs this one again; its sinks are
+        idempotent per batch, so that rewrites the same values.
+        """
+        if not self.stopping.is_set() or self.query is None:
+            return
+        self.holding.set()
+        log.info("stream: batch %d complete; stopping", batch_id)
+        deadline = time.monotonic() + self.settings.stream_stop_grace_seconds + 60
+        with contextlib.suppress(Exception):  # the JVM going away ends the wait as well
+            while self.query.isActive and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def _log(self, spark: SparkSession) -> BatchLog:
         if self._batch_log is None:
@@ -459,6 +488,7 @@ class BatchProcessor:
             late=n_late, on_time=n_on_time, clock_us=clock, freshness_s=freshness,
             foreach_seconds=time.time() - started,
         ))
+        self.hold_if_stopping(batch_id)
 
 
 # ------------------------------------------------------------------- run
@@ -526,7 +556,9 @@ def start_stream(spark: SparkSession, settings: Settings, options: StreamOptions
     else:
         writer = writer.trigger(processingTime=f"{settings.stream_trigger_seconds} seconds")
     with scheduler_pool(spark, STREAM_POOL):
-        return writer.start()
+        query = writer.start()
+    processor.query = query  # its batches hold for a graceful stop (stop_gracefully)
+    return query
 
 
 def _caught_up(query: StreamingQuery) -> bool:
@@ -540,7 +572,7 @@ def _caught_up(query: StreamingQuery) -> bool:
 def run_stream(settings: Settings, options: StreamOptions | None = None,
                spark: SparkSession | None = None,
                on_started: Callable[[StreamingQuery], None] | None = None,
-               stop_session: bool = False) -> MetricsRecorder:
+               stop_session: bool = False, stop_on_signals: bool = False) -> MetricsRecorder:
     """Run the streaming job until it is stopped (or caught up, per ``options``).
 
     Parameters
@@ -551,6 +583,10 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
         Called with the micro-batch query once it runs (tests, benchmarks).
     stop_session
         Stop the Spark session at the end (the CLI; lets the listener bus drain).
+    stop_on_signals
+        SIGTERM or SIGINT (from the main thread) stops the job after its running
+        batch, as the end of ``--until-idle`` does; a second one at once
+        (:class:`pipelines.signals.GracefulStop`; the CLI).
 
     Returns
     -------
@@ -563,7 +599,10 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
     listener = ProgressListener(recorder)
     spark.streams.addListener(listener)
     rtm = None
+    graceful = GracefulStop("stream")
     try:
+        if stop_on_signals:
+            graceful.__enter__()  # after the session: PySpark installs its own SIGINT handler
         if settings.stream_mode == "realtime" and options.online:
             from pipelines.streaming.realtime import check_slots, start_realtime
 
@@ -583,13 +622,15 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
         if on_started is not None:
             on_started(query)
         try:
-            _wait(query, options, extra=rtm)
+            _wait(query, options, extra=rtm, stop_requested=graceful.requested,
+                  grace_seconds=settings.stream_stop_grace_seconds, processor=processor)
         except BaseException:
             with contextlib.suppress(Exception):  # the query's own failure is the one to report
                 processor.close()
             raise
         processor.close()
     finally:
+        graceful.__exit__(None, None, None)
         if stop_session:
             spark.stop()
         else:
@@ -598,12 +639,15 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
     return recorder
 
 
-def _wait(query: StreamingQuery, options: StreamOptions, extra: Any = None) -> None:
+def _wait(query: StreamingQuery, options: StreamOptions, extra: Any = None,
+          stop_requested: threading.Event | None = None, grace_seconds: float = 120.0,
+          processor: BatchProcessor | None = None) -> None:
     deadline = time.monotonic() + options.timeout_seconds if options.timeout_seconds else None
     idle_since: float | None = None
-    stop_event = threading.Event()
     try:
         while query.isActive:
+            if stop_requested is not None and stop_requested.is_set():
+                break  # a stop signal: the running batch finishes below (stop_gracefully)
             if query.awaitTermination(0.5):
                 break
             if deadline is not None and time.monotonic() > deadline:
@@ -618,9 +662,8 @@ def _wait(query: StreamingQuery, options: StreamOptions, extra: Any = None) -> N
                 else:
                     idle_since = None
     finally:
-        stop_event.set()
         if query.isActive:
-            stop_gracefully(query)
+            stop_gracefully(query, wait_seconds=grace_seconds, processor=processor)
         if extra is not None:
             extra.stop()
     exc = query.exception()
@@ -628,16 +671,28 @@ def _wait(query: StreamingQuery, options: StreamOptions, extra: Any = None) -> N
         raise StreamFailed(_summarize(exc)) from exc
 
 
-def stop_gracefully(query: StreamingQuery, wait_seconds: float = 120.0) -> None:
+def stop_gracefully(query: StreamingQuery, wait_seconds: float = 120.0,
+                    processor: BatchProcessor | None = None) -> None:
     """Let a running micro-batch finish, then stop.
 
-    Interrupting a batch is safe (it is replayed on restart), but Spark 4.3 then
-    checks the interruption with a regular expression over the whole error text,
-    which includes the (large) plan, and can overflow the stream thread's stack.
+    Interrupting a batch is safe (it is replayed on restart), but its work is lost,
+    and Spark 4.3 then checks the interruption with a regular expression over the
+    whole error text, which includes the (large) plan, and can overflow the stream
+    thread's stack. With the query's ``processor``, the batch that ends next holds
+    the stream thread until the stop (:meth:`BatchProcessor.hold_if_stopping`), so
+    no next batch starts in between, which a query that is behind would do at once;
+    without it, between two batches is the moment polled for. After ``wait_seconds``
+    the query is stopped wherever it is.
     """
+    if processor is not None:
+        processor.stopping.set()
     deadline = time.monotonic() + wait_seconds
-    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
-        time.sleep(0.1)
+    while query.isActive and time.monotonic() < deadline:
+        if processor is not None and processor.holding.is_set():
+            break
+        if not query.status.get("isTriggerActive"):
+            break
+        time.sleep(0.05)
     query.stop()
 
 

@@ -147,3 +147,42 @@ def test_parallel_sink_counts_a_dead_workers_records_as_failed(topic_settings: S
     failed, first_error = sink.close()
     assert failed >= sink._handed[0] > 0  # nothing handed to it is taken as delivered
     assert first_error and "exited" in first_error
+
+
+def test_sigterm_stops_generate_with_everything_it_counted_delivered(
+    topic_settings: Settings, topic: str,
+) -> None:
+    """A paced ``shopstream generate`` stopped with SIGTERM (as a process manager does):
+    it stops sending, delivers what it had handed to Kafka, prints its summary marked
+    interrupted and exits 0; the topic holds exactly the records the summary counts."""
+    import re
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.cli", "generate", "--rate", "400", "--duration", "300",
+         "--seed", "5", "--users", "50", "--items", "30"],
+        cwd=repo, env={**topic_settings.child_env(), "COLUMNS": "200"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        seen = _read_all(topic_settings, topic, 200)  # it is sending
+        assert len(seen) >= 200, "generate did not start sending"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out[-3000:]
+    assert "SIGTERM received: delivering what was already sent" in out, out[-3000:]
+    assert re.search(r"interrupted\W+yes", out), out[-3000:]
+    match = re.search(r"records sent\W+([\d,]+)", out)
+    assert match, out[-3000:]
+    sent = int(match.group(1).replace(",", ""))
+    assert 200 <= sent < 400 * 300
+    assert re.search(r"delivery failures\W+0\b", out), out[-3000:]
+    assert len(_read_all(topic_settings, topic, sent)) == sent  # all of them, no more

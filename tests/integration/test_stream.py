@@ -351,10 +351,11 @@ def _env(settings: Settings) -> dict[str, str]:
 class StreamProcess:
     """``shopstream stream --until-idle`` as its own process group (driver + JVM)."""
 
-    def __init__(self, settings: Settings, log_path: Path) -> None:
+    def __init__(self, settings: Settings, log_path: Path,
+                 args: tuple[str, ...] = ("--until-idle", "4")) -> None:
         self.log = open(log_path, "ab")  # noqa: SIM115 - closed in wait/kill
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.cli", "stream", "--until-idle", "4"],
+            [sys.executable, "-m", "pipelines.cli", "stream", *args],
             cwd=REPO, env=_env(settings), stdout=self.log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
@@ -414,6 +415,42 @@ def test_stream_killed_twice_mid_batch_gives_the_same_results(
     assert StreamProcess(settings, log_path).wait(timeout=600) == 0, log_path.read_text()[-3000:]
 
     check_stores(spark, settings, expected_outcome(first + second))
+
+
+def test_sigterm_stops_the_stream_after_its_running_batch(
+    make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any, spark: Any,
+    tmp_path: Path,
+) -> None:
+    """``shopstream stream`` as a service (no stop condition), SIGTERM to the driver in the
+    middle of a micro-batch, as Kubernetes or ``kill`` sends it: the batch it was in
+    finishes its writes, no later batch starts, the job prints its summary and exits 0
+    without a Spark error; a restart then goes on from there (running that batch again,
+    which Spark did not mark done) with nothing lost or doubled."""
+    from pipelines.stream import query_checkpoint
+
+    topic = f"term.{tmp_path.name[-20:]}".replace("_", "-")
+    settings = stream_settings(make_settings, tmp_path, topic, stream_max_offsets_per_trigger=200)
+    create_topic(settings, topic)
+    first = wave1()
+    produce(settings, first)
+    checkpoint = Path(query_checkpoint(settings))
+    log_path = tmp_path / "stream.log"
+
+    proc = StreamProcess(settings, log_path, args=())
+    _wait_mid_batch(checkpoint, 1, proc, timeout=600)
+    proc.proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=300)
+    text = log_path.read_text()
+    assert code == 0, text[-3000:]
+    assert "SIGTERM received: finishing the running batch" in text
+    assert "stream: batch 1 complete; stopping" in text, text[-3000:]
+    assert "stream stopped after" in text, text[-3000:]
+    assert "ERROR" not in text and "Traceback" not in text, text[-3000:]
+    assert (checkpoint / "offsets" / "1").exists()
+    assert not (checkpoint / "offsets" / "2").exists(), "a batch started after the SIGTERM"
+
+    assert StreamProcess(settings, log_path).wait(timeout=600) == 0, log_path.read_text()[-3000:]
+    check_stores(spark, settings, expected_outcome(first))
 
 
 FRESHNESS_BOUND_S = 60.0

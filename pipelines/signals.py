@@ -1,0 +1,81 @@
+"""SIGTERM and SIGINT as a request to stop cleanly, for long-running jobs.
+
+A process manager stops a service with SIGTERM (Kubernetes, ``systemctl stop``,
+``kill``) and waits a grace period before SIGKILL; a user presses Ctrl-C. Python
+dies at once on SIGTERM, and PySpark's own SIGINT handler cancels every running
+Spark job: either way a streaming job would stop in the middle of a micro-batch.
+That is safe (the checkpoint replays the batch) but wasteful, and the run's
+summary, its last metrics and the background writes of the batch (top lists,
+the Real-time feed's buffer) would not get done.
+
+:class:`GracefulStop` turns the first signal into an event the job's wait loop
+polls; the job then finishes its running batch and stops as it does at the end of
+``--until-idle``; a producer stops sending and delivers what it already handed to
+Kafka. A second signal raises ``KeyboardInterrupt`` at once, for a user who does
+not want to wait. Signal handlers can only be installed from the main
+thread; elsewhere (tests running a job in a thread) it does nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType, TracebackType
+
+__all__ = ["GracefulStop", "STOP_SIGNALS"]
+
+log = logging.getLogger(__name__)
+
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
+
+
+class GracefulStop:
+    """Context manager: while active, the first SIGTERM/SIGINT sets :attr:`requested`.
+
+    Parameters
+    ----------
+    what
+        What is being stopped, for the log line (``"stream"``).
+    finishing
+        What it does before it stops, for the log line.
+    """
+
+    def __init__(self, what: str, finishing: str = "finishing the running batch") -> None:
+        self.what = what
+        self.finishing = finishing
+        self.requested = threading.Event()
+        self.signal_name: str | None = None
+        self._previous: dict[signal.Signals, object] = {}
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._restore()
+
+    @property
+    def installed(self) -> bool:
+        """True when the handlers are in place (entered from the main thread)."""
+        return bool(self._previous)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.requested.is_set():
+            log.warning("%s: %s again: stopping at once (an unfinished batch is replayed on restart)",
+                        self.what, name)
+            self._restore()
+            raise KeyboardInterrupt
+        self.signal_name = name
+        self.requested.set()
+        log.info("%s: %s received: %s, then stopping (send it again to stop at once)",
+                 self.what, name, self.finishing)
+
+    def _restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()
