@@ -271,9 +271,9 @@ def _stop_driver(proc: subprocess.Popen[bytes]) -> None:
     import signal
 
     if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)  # the driver only: it stops its JVM itself, cleanly
         try:
-            proc.wait(30)
+            proc.wait(60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
