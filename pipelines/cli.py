@@ -530,8 +530,9 @@ def status() -> None:
         table = Table(title="streaming job (latest micro-batch)")
         table.add_column("metric")
         table.add_column("value")
-        for name, value in progress.items():
-            table.add_row(name, value)
+        first = [name for name in ("job_state", "job_state_since") if name in progress]
+        for name in first + [name for name in progress if name not in first]:
+            table.add_row(name, progress[name])
         out.print(table)
     else:
         out.print("streaming job: no progress recorded yet")

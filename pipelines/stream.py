@@ -600,6 +600,7 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
     spark.streams.addListener(listener)
     rtm = None
     graceful = GracefulStop("stream")
+    state: str | None = None  # what `shopstream status` shows once the query started
     try:
         if stop_on_signals:
             graceful.__enter__()  # after the session: PySpark installs its own SIGINT handler
@@ -619,18 +620,25 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
                  settings.kafka_topic_events, query_checkpoint(settings),
                  "availableNow" if options.stop == "available_now"
                  else f"{settings.stream_trigger_seconds}s")
+        recorder.publish_state("running")
+        state = "failed"
         if on_started is not None:
             on_started(query)
         try:
-            _wait(query, options, extra=rtm, stop_requested=graceful.requested,
-                  grace_seconds=settings.stream_stop_grace_seconds, processor=processor)
-        except BaseException:
+            why = _wait(query, options, extra=rtm, stop_requested=graceful.requested,
+                        grace_seconds=settings.stream_stop_grace_seconds, processor=processor)
+        except BaseException as exc:
+            state = ("stopped: interrupted" if isinstance(exc, KeyboardInterrupt)
+                     else f"failed: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}")
             with contextlib.suppress(Exception):  # the query's own failure is the one to report
                 processor.close()
             raise
         processor.close()
+        state = f"stopped: {graceful.signal_name}" if why == "signal" else f"stopped: {why}"
     finally:
         graceful.__exit__(None, None, None)
+        if state is not None:
+            recorder.publish_state(state)
         if stop_session:
             spark.stop()
         else:
@@ -641,23 +649,32 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
 
 def _wait(query: StreamingQuery, options: StreamOptions, extra: Any = None,
           stop_requested: threading.Event | None = None, grace_seconds: float = 120.0,
-          processor: BatchProcessor | None = None) -> None:
+          processor: BatchProcessor | None = None) -> str:
+    """Until the query ends or a stop condition holds; then stop it (and ``extra``).
+
+    Returns why: ``signal``, ``timeout``, ``idle`` or ``caught up`` (it ended by itself,
+    as an available-now run does); raises :class:`StreamFailed` if it failed.
+    """
     deadline = time.monotonic() + options.timeout_seconds if options.timeout_seconds else None
     idle_since: float | None = None
+    why = "caught up"
     try:
         while query.isActive:
             if stop_requested is not None and stop_requested.is_set():
-                break  # a stop signal: the running batch finishes below (stop_gracefully)
+                why = "signal"  # the running batch finishes below (stop_gracefully)
+                break
             if query.awaitTermination(0.5):
                 break
             if deadline is not None and time.monotonic() > deadline:
                 log.warning("stream: timeout after %.0f s, stopping", options.timeout_seconds)
+                why = "timeout"
                 break
             if options.stop == "idle":
                 if _caught_up(query) and (extra is None or extra.caught_up()):
                     idle_since = idle_since or time.monotonic()
                     if time.monotonic() - idle_since >= options.idle_seconds:
                         log.info("stream: no new input for %.0f s, stopping", options.idle_seconds)
+                        why = "idle"
                         break
                 else:
                     idle_since = None
@@ -669,6 +686,7 @@ def _wait(query: StreamingQuery, options: StreamOptions, extra: Any = None,
     exc = query.exception()
     if exc is not None:
         raise StreamFailed(_summarize(exc)) from exc
+    return why
 
 
 def stop_gracefully(query: StreamingQuery, wait_seconds: float = 120.0,

@@ -271,9 +271,14 @@ class MetricsRecorder:
             return self.history[-1] if self.history else None
 
     # -- publishing
-    def publish(self, m: BatchMetrics) -> None:
-        fields = m.as_fields()
-        fields.update({f"total_{k}": str(v) for k, v in asdict(self.totals).items()})
+    def publish_state(self, state: str) -> None:
+        """The job's state in the progress hash, for ``shopstream status``: ``running``
+        from the start of its query, then why it stopped (``stopped: SIGTERM``,
+        ``stopped: idle``, ``failed: ...``). A job killed with SIGKILL cannot say so:
+        its state stays ``running`` with an old ``job_state_since`` and ``timestamp``."""
+        self._hset({"job_state": state, "job_state_since": datetime.now(UTC).isoformat()})
+
+    def _hset(self, fields: dict[str, str]) -> None:
         try:
             if self._client is None:
                 from pipelines.connections import redis_client
@@ -283,6 +288,11 @@ class MetricsRecorder:
         except Exception as exc:  # noqa: BLE001 - metrics never fail the job
             log.warning("stream metrics: Redis write failed: %s", exc)
             self._client = None
+
+    def publish(self, m: BatchMetrics) -> None:
+        fields = m.as_fields()
+        fields.update({f"total_{k}": str(v) for k, v in asdict(self.totals).items()})
+        self._hset(fields)
         try:
             self._write_files(m)
         except OSError as exc:

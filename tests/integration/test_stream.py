@@ -448,9 +448,17 @@ def test_sigterm_stops_the_stream_after_its_running_batch(
     assert "ERROR" not in text and "Traceback" not in text, text[-3000:]
     assert (checkpoint / "offsets" / "1").exists()
     assert not (checkpoint / "offsets" / "2").exists(), "a batch started after the SIGTERM"
+    assert _job_state(redis_client) == "stopped: SIGTERM"  # what `shopstream status` shows
 
     assert StreamProcess(settings, log_path).wait(timeout=600) == 0, log_path.read_text()[-3000:]
+    assert _job_state(redis_client) == "stopped: idle"
     check_stores(spark, settings, expected_outcome(first))
+
+
+def _job_state(redis_client: Any) -> str:
+    from features.online_keys import stream_progress_key
+
+    return (redis_client.hget(stream_progress_key(), "job_state") or b"").decode()
 
 
 FRESHNESS_BOUND_S = 60.0
