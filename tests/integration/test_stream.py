@@ -389,19 +389,25 @@ def _wait_mid_batch(checkpoint: Path, batch: int, proc: StreamProcess, timeout: 
     raise AssertionError(f"batch {batch} did not start within {timeout}s")
 
 
-def test_stream_killed_twice_mid_batch_gives_the_same_results(
-    make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any, spark: Any,
-    tmp_path: Path,
-) -> None:
+def _wave1_in_small_batches(make_settings: Callable[..., Settings], tmp_path: Path,
+                            prefix: str) -> tuple[Settings, list[Sent], Path, Path]:
+    """A topic of its own holding wave 1, read 200 records per micro-batch (several batches
+    to interrupt): the settings, the records sent, the checkpoint and the job's log path."""
     from pipelines.stream import query_checkpoint
 
-    topic = f"kill.{tmp_path.name[-20:]}".replace("_", "-")
+    topic = f"{prefix}.{tmp_path.name[-20:]}".replace("_", "-")
     settings = stream_settings(make_settings, tmp_path, topic, stream_max_offsets_per_trigger=200)
     create_topic(settings, topic)
     first = wave1()
     produce(settings, first)
-    checkpoint = Path(query_checkpoint(settings))
-    log_path = tmp_path / "stream.log"
+    return settings, first, Path(query_checkpoint(settings)), tmp_path / "stream.log"
+
+
+def test_stream_killed_twice_mid_batch_gives_the_same_results(
+    make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any, spark: Any,
+    tmp_path: Path,
+) -> None:
+    settings, first, checkpoint, log_path = _wave1_in_small_batches(make_settings, tmp_path, "kill")
 
     for batch in (1, 3):  # two crashes, each in the middle of a micro-batch
         proc = StreamProcess(settings, log_path)
@@ -426,15 +432,7 @@ def test_sigterm_stops_the_stream_after_its_running_batch(
     finishes its writes, no later batch starts, the job prints its summary and exits 0
     without a Spark error; a restart then goes on from there (running that batch again,
     which Spark did not mark done) with nothing lost or doubled."""
-    from pipelines.stream import query_checkpoint
-
-    topic = f"term.{tmp_path.name[-20:]}".replace("_", "-")
-    settings = stream_settings(make_settings, tmp_path, topic, stream_max_offsets_per_trigger=200)
-    create_topic(settings, topic)
-    first = wave1()
-    produce(settings, first)
-    checkpoint = Path(query_checkpoint(settings))
-    log_path = tmp_path / "stream.log"
+    settings, first, checkpoint, log_path = _wave1_in_small_batches(make_settings, tmp_path, "term")
 
     proc = StreamProcess(settings, log_path, args=())
     _wait_mid_batch(checkpoint, 1, proc, timeout=600)
