@@ -65,6 +65,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -121,8 +122,12 @@ REPORT_SECONDS = 5.0
 
 
 # -------------------------------------------------------------------- keys
+@lru_cache(maxsize=1 << 16)
 def rt_tiles_key(kind: str, key: str) -> str:
-    """Tiles of one key written by the Real-time path (full tiles, overwritten)."""
+    """Tiles of one key written by the Real-time path (full tiles, overwritten).
+
+    Cached: a flush names each touched key's tiles several times, and percent-encoding
+    it took 7 % of the feed's time."""
     from features import online_keys
 
     return online_keys.key("tiles", "rt", kind, online_keys.encode_part(key))
@@ -244,6 +249,11 @@ class RealtimeWriter:
         self._next_top = 0.0
         self.top_dirty = False
         self._latencies: list[float] = []
+        # where the freshness goes: Spark's part (tile sent minus its newest event), the
+        # feed's (tile sent -> written); Kafka's message timestamp is the send time
+        self._query_s: list[float] = []
+        self._feed_s: list[float] = []
+        self._sent: list[float] = []
         # rebuilt from the stored tiles by the next flush: after an outage a pipeline may
         # have written tiles whose changes never reached the totals
         self._totals: SalesTotals | None = None
@@ -255,9 +265,13 @@ class RealtimeWriter:
             self._client.close()
             self._client = None
 
-    def add(self, row: dict[str, Any]) -> None:
-        """One tile row as the feed decodes it (a plain dict, as :func:`tile_messages` sends)."""
+    def add(self, row: dict[str, Any], sent_s: float | None = None) -> None:
+        """One tile row as the feed decodes it (a plain dict, as :func:`tile_messages` sends);
+        ``sent_s``: when the query sent it (its Kafka timestamp, epoch seconds)."""
         self._buffer.append(row)
+        if sent_s is not None:
+            self._sent.append(sent_s)
+            self._query_s.append(sent_s - int(row["max_us"]) / 1e6)
 
     def flush(self, final: bool = False) -> None:
         """Write the buffered tiles and the touched entities' features; the top lists too
@@ -299,6 +313,8 @@ class RealtimeWriter:
             online_writer.write_item_metadata(self._client, metadata, ttl_seconds=self.ttl)
         done = time.time()
         self._latencies.extend(done - r["max_us"] / 1e6 for r in latest.values())
+        self._feed_s.extend(done - sent for sent in self._sent)
+        self._sent = []
         if self.top_dirty and (final or done >= self._next_top):
             self._write_top(as_of)
 
@@ -431,20 +447,33 @@ class RealtimeWriter:
 
     def report(self) -> None:
         """Freshness of the tiles written since the last report into the progress hash
-        (``rt_`` fields: event time of a tile's newest event -> written)."""
+        (``rt_`` fields: event time of a tile's newest event -> written), and its two
+        parts, so a lag names its place: ``rt_query_*`` (newest event -> the query sent
+        the tile) and ``rt_feed_*`` (sent -> written to Redis by the feed)."""
         if not self._latencies:
             return
         from features.online_keys import stream_progress_key
 
-        values, self._latencies = sorted(self._latencies), []
+        fields = {"rt_tiles_written": str(len(self._latencies)),
+                  "rt_updated": datetime.now(UTC).isoformat()}
+        for name, values in (("freshness", self._latencies), ("query", self._query_s),
+                             ("feed", self._feed_s)):
+            fields.update(_percentiles(f"rt_{name}", values))
+        self._latencies, self._query_s, self._feed_s = [], [], []
+        self._client.hset(stream_progress_key(), mapping=fields)
 
-        def pct(p: float) -> float:
-            return values[min(len(values) - 1, int(p * len(values)))]
 
-        self._client.hset(stream_progress_key(), mapping={
-            "rt_freshness_p50_s": f"{pct(0.5):.3f}", "rt_freshness_p99_s": f"{pct(0.99):.3f}",
-            "rt_freshness_max_s": f"{values[-1]:.3f}", "rt_tiles_written": str(len(values)),
-            "rt_updated": datetime.now(UTC).isoformat()})
+def _percentiles(prefix: str, values: list[float]) -> dict[str, str]:
+    """``<prefix>_p50_s``, ``_p99_s``, ``_max_s`` of ``values`` (none when empty)."""
+    if not values:
+        return {}
+    ordered = sorted(values)
+
+    def pct(p: float) -> float:
+        return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
+
+    return {f"{prefix}_p50_s": f"{pct(0.5):.3f}", f"{prefix}_p99_s": f"{pct(0.99):.3f}",
+            f"{prefix}_max_s": f"{ordered[-1]:.3f}"}
 
 
 class TileFeed:
@@ -555,11 +584,11 @@ class TileFeed:
             while True:
                 try:
                     polled = consumer.poll(timeout_ms=POLL_MS, max_records=10_000)
-                    rows = [orjson.loads(r.value) for records in polled.values() for r in records]
-                    if rows:
+                    records = [r for part in polled.values() for r in part]
+                    if records:
                         self._idle.clear()
-                        for row in rows:
-                            self.writer.add(row)
+                        for record in records:
+                            self.writer.add(orjson.loads(record.value), record.timestamp / 1000)
                         self.writer.flush()
                         consumer.commit()
                         self._snapshots_step()

@@ -325,6 +325,7 @@ def test_tile_feed_applies_what_spark_sends_through_kafka(
     tile values, the last sale in the top lists), and the feed commits what it applied."""
     from kafka import TopicPartition
 
+    from features.online_keys import stream_progress_key
     from features.tiles import keyed_tiles
     from pipelines.connections import kafka_consumer
     from pipelines.online_writer import top_item_key
@@ -343,11 +344,23 @@ def test_tile_feed_applies_what_spark_sends_through_kafka(
     events = events.unionByName(spark.createDataFrame(
         [("e-last", "purchase", AS_OF, "u0", "s", "ci-last", "c0", "UK", 3.0, 2, "web")],
         EVENT_SCHEMA))
+    sent_from = time.time()
     (tile_messages(keyed_tiles(events, slide_seconds=60, last_items_n=4))
      .write.format("kafka").options(**settings.spark_kafka_options()).option("topic", topic)
      .save())
 
     _run_until_caught_up(TileFeed(settings), 60, "the feed did not catch up")
+    took = time.time() - sent_from
+
+    # the freshness report names where the time went: the query's part (the tiles were
+    # sent years after their events) and the feed's (sent -> in Redis, this test's time)
+    progress = {k.decode(): float(v) for k, v in redis_client.hgetall(stream_progress_key()).items()
+                if k.startswith(b"rt_") and k.endswith(b"_s")}
+    years = sent_from - AS_OF.timestamp()  # the newest event is at AS_OF, the oldest 20 min before
+    assert years <= progress["rt_query_p50_s"] <= progress["rt_query_max_s"] <= years + 1200 + took
+    assert 0 <= progress["rt_feed_p50_s"] <= progress["rt_feed_max_s"] <= took
+    assert progress["rt_query_max_s"] - 0.001 <= progress["rt_freshness_max_s"] <= (
+        progress["rt_query_max_s"] + progress["rt_feed_max_s"] + 0.001)
 
     expected = keyed_rows_of(spark, events)
     for row in expected:
