@@ -105,6 +105,9 @@ class Settings(BaseSettings):
     spark_master: str = "local[2]"
     spark_shuffle_partitions: int = Field(default=2, ge=1)
     spark_driver_memory: str = "2g"
+    spark_driver_java_options: str = ""
+    """More JVM options for the driver (``spark.driver.extraJavaOptions``, after the
+    project's own), e.g. GC or JIT flags."""
     spark_kafka_connector_version: str | None = None
     """Version of ``spark-sql-kafka-0-10``; default: the installed pyspark's, falling back
     to the newest release that Maven Central has when that one is not published yet."""

@@ -26,6 +26,16 @@ BACKGROUND_POOL = "background"
 _POOL_PROPERTY = "spark.scheduler.pool"
 
 
+def driver_java_options(settings: Settings) -> str:
+    """The driver JVM's options: the project's (Derby's home under the data dir, the quiet
+    log4j2 config), then ``spark_driver_java_options`` (later flags win in HotSpot)."""
+    return " ".join(filter(None, (
+        "-Dderby.system.home=" + settings.data_path("derby"),
+        "-Dlog4j2.configurationFile=" + str(files("pipelines").joinpath("spark-log4j2.properties")),
+        settings.spark_driver_java_options.strip(),
+    )))
+
+
 def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bool = True) -> SparkSession:
     """Get or create the session; ``kafka`` adds Spark's Kafka connector jars."""
     import sys
@@ -61,10 +71,7 @@ def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bo
         # Real-time Mode turns it on by itself, and an existing checkpoint can switch)
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         .config("spark.sql.warehouse.dir", settings.data_path("spark-warehouse"))
-        .config("spark.driver.extraJavaOptions", " ".join((
-            "-Dderby.system.home=" + settings.data_path("derby"),
-            "-Dlog4j2.configurationFile=" + str(files("pipelines").joinpath("spark-log4j2.properties")),
-        )))
+        .config("spark.driver.extraJavaOptions", driver_java_options(settings))
     )
     if kafka:
         from pipelines.infra.jars import spark_kafka_jars

@@ -44,3 +44,16 @@ def test_parse_host_port_ipv6() -> None:
     assert parse_host_port("[::1]:9092") == ("::1", 9092)
     with pytest.raises(ValueError):
         parse_host_port("host:0")
+
+
+def test_driver_java_options_come_after_the_projects_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An operator's JVM flags reach the driver, after the project's (HotSpot: the last wins)."""
+    from pipelines.spark import driver_java_options
+
+    monkeypatch.setenv("SHOPSTREAM_SPARK_DRIVER_JAVA_OPTIONS", " -XX:TieredStopAtLevel=1 -Xss4m ")
+    options = driver_java_options(Settings(_env_file=None, data_dir="/srv/shop")).split(" ")
+    assert options[0] == "-Dderby.system.home=/srv/shop/derby"
+    assert options[1].startswith("-Dlog4j2.configurationFile=")
+    assert options[2:] == ["-XX:TieredStopAtLevel=1", "-Xss4m"]
+    monkeypatch.delenv("SHOPSTREAM_SPARK_DRIVER_JAVA_OPTIONS")
+    assert len(driver_java_options(Settings(_env_file=None)).split(" ")) == 2
