@@ -15,7 +15,8 @@ Two sources meet per batch:
   rewrites it every batch; ``shopstream status`` reads it);
 * ``<data_dir>/stream/progress.json`` (local data dir), the same figures;
 * a Prometheus textfile (node-exporter textfile collector format), atomically
-  replaced: ``stream_metrics_textfile`` or ``<data_dir>/stream/shopstream_stream.prom``.
+  replaced: ``stream_metrics_textfile`` or ``<data_dir>/stream/shopstream_stream.prom``
+  (and, in Real-time Mode, the feed's ``shopstream_stream_rt.prom`` beside it).
 
 Publishing never fails the job: an unreachable Redis costs a warning, not a batch.
 """
@@ -26,6 +27,7 @@ import json
 import logging
 import threading
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,6 +48,9 @@ __all__ = [
     "ProgressListener",
     "progress_path",
     "textfile_path",
+    "realtime_textfile_path",
+    "realtime_prometheus_text",
+    "write_textfile",
     "read_progress",
     "format_batch_line",
     "prometheus_text",
@@ -123,6 +128,47 @@ def textfile_path(settings: Settings) -> Path | None:
     return Path(settings.data_path("stream", "shopstream_stream.prom"))
 
 
+def _sample(value: float) -> str:
+    """A sample value, exact: ``:g`` kept six digits and put epoch seconds off by hours."""
+    number = float(value)
+    return str(int(number)) if number.is_integer() and abs(number) < 2**53 else repr(number)
+
+
+def realtime_textfile_path(settings: Settings) -> Path | None:
+    """The Real-time feed's textfile, beside the job's (``<name>_rt.prom``: the textfile
+    collector reads every ``*.prom`` of its directory); ``None`` when there is none."""
+    path = textfile_path(settings)
+    return None if path is None else path.with_name(f"{path.stem}_rt.prom")
+
+
+def write_textfile(path: Path, text: str) -> None:
+    """Replace ``path`` atomically (the collector never reads half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def realtime_prometheus_text(parts: Mapping[str, tuple[float, float, float]], tiles: int,
+                             at: datetime) -> str:
+    """The Real-time feed's figures since its last report: freshness per ``part``
+    (``total``, ``query``, ``feed``) as p50 / p99 / max, and the tiles written."""
+    name = f"{PREFIX}_rt_freshness_seconds"
+    lines = [f"# HELP {name} Real-time freshness over the tiles since the last report: total "
+             "(newest event -> in Redis), query (-> the tile sent), feed (sent -> in Redis).",
+             f"# TYPE {name} gauge"]
+    for part, values in parts.items():
+        for quantile, value in zip(("0.5", "0.99", "1"), values, strict=True):
+            lines.append(f'{name}{{part="{part}",quantile="{quantile}"}} {_sample(value)}')
+    for metric, help_, value in (
+        ("rt_tiles_written", "Tiles the feed wrote since its last report.", float(tiles)),
+        ("rt_last_report_timestamp_seconds", "When the feed last reported.", at.timestamp()),
+    ):
+        lines += [f"# HELP {PREFIX}_{metric} {help_}", f"# TYPE {PREFIX}_{metric} gauge",
+                  f"{PREFIX}_{metric} {_sample(value)}"]
+    return "\n".join(lines) + "\n"
+
+
 def _fmt_s(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}s"
 
@@ -145,7 +191,7 @@ def prometheus_text(m: BatchMetrics, totals: Totals) -> str:
         lines.append(f"# HELP {PREFIX}_{name} {help_}")
         lines.append(f"# TYPE {PREFIX}_{name} {kind}")
         for labels, value in samples:
-            lines.append(f"{PREFIX}_{name}{labels} {value:g}")
+            lines.append(f"{PREFIX}_{name}{labels} {_sample(value)}")
 
     metric("batch_id", "gauge", "Id of the latest micro-batch.", [("", m.batch_id)])
     metric("input_rows", "gauge", "Rows read by the latest batch.", [("", m.input_rows)])
@@ -308,10 +354,7 @@ class MetricsRecorder:
             tmp.replace(path)
         prom = textfile_path(self.settings)
         if prom is not None:
-            prom.parent.mkdir(parents=True, exist_ok=True)
-            tmp = prom.with_name(prom.name + ".tmp")
-            tmp.write_text(prometheus_text(m, self.totals))
-            tmp.replace(prom)
+            write_textfile(prom, prometheus_text(m, self.totals))
 
     def flush(self) -> None:
         """Close the Redis client (the latest figures are already published)."""

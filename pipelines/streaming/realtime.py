@@ -236,6 +236,9 @@ class RealtimeWriter:
         self.last_items_n = settings.feature_last_items_n
         self.top_n = settings.feature_top_n
         self.ttl = settings.online_ttl_seconds
+        from pipelines.stream_metrics import realtime_textfile_path
+
+        self.textfile = realtime_textfile_path(settings)
         self._client: Any = None
 
     def connect(self) -> None:
@@ -449,31 +452,40 @@ class RealtimeWriter:
         """Freshness of the tiles written since the last report into the progress hash
         (``rt_`` fields: event time of a tile's newest event -> written), and its two
         parts, so a lag names its place: ``rt_query_*`` (newest event -> the query sent
-        the tile) and ``rt_feed_*`` (sent -> written to Redis by the feed)."""
+        the tile) and ``rt_feed_*`` (sent -> written to Redis by the feed). The same
+        figures go to the Prometheus textfile ``<name>_rt.prom`` beside the job's."""
         if not self._latencies:
             return
         from features.online_keys import stream_progress_key
+        from pipelines.stream_metrics import realtime_prometheus_text, write_textfile
 
-        fields = {"rt_tiles_written": str(len(self._latencies)),
-                  "rt_updated": datetime.now(UTC).isoformat()}
-        for name, values in (("freshness", self._latencies), ("query", self._query_s),
-                             ("feed", self._feed_s)):
-            fields.update(_percentiles(f"rt_{name}", values))
+        now = datetime.now(UTC)
+        tiles = len(self._latencies)
+        parts = {part: _percentiles(values) for part, values in (
+            ("total", self._latencies), ("query", self._query_s), ("feed", self._feed_s))
+            if values}
         self._latencies, self._query_s, self._feed_s = [], [], []
+        fields = {"rt_tiles_written": str(tiles), "rt_updated": now.isoformat()}
+        for part, values in parts.items():
+            name = "freshness" if part == "total" else part
+            fields.update({f"rt_{name}_{q}_s": f"{v:.3f}"
+                           for q, v in zip(("p50", "p99", "max"), values, strict=True)})
+        if self.textfile is not None:
+            try:
+                write_textfile(self.textfile, realtime_prometheus_text(parts, tiles, now))
+            except OSError as exc:  # figures are not worth the feed
+                log.warning("real-time: could not write %s: %s", self.textfile, exc)
         self._client.hset(stream_progress_key(), mapping=fields)
 
 
-def _percentiles(prefix: str, values: list[float]) -> dict[str, str]:
-    """``<prefix>_p50_s``, ``_p99_s``, ``_max_s`` of ``values`` (none when empty)."""
-    if not values:
-        return {}
+def _percentiles(values: list[float]) -> tuple[float, float, float]:
+    """p50, p99 and max of ``values`` (not empty)."""
     ordered = sorted(values)
 
     def pct(p: float) -> float:
         return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
 
-    return {f"{prefix}_p50_s": f"{pct(0.5):.3f}", f"{prefix}_p99_s": f"{pct(0.99):.3f}",
-            f"{prefix}_max_s": f"{ordered[-1]:.3f}"}
+    return pct(0.5), pct(0.99), ordered[-1]
 
 
 class TileFeed:

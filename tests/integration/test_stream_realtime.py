@@ -361,6 +361,18 @@ def test_tile_feed_applies_what_spark_sends_through_kafka(
     assert 0 <= progress["rt_feed_p50_s"] <= progress["rt_feed_max_s"] <= took
     assert progress["rt_query_max_s"] - 0.001 <= progress["rt_freshness_max_s"] <= (
         progress["rt_query_max_s"] + progress["rt_feed_max_s"] + 0.001)
+    # and for Prometheus, in the textfile beside the job's
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from pipelines.stream_metrics import realtime_textfile_path
+
+    textfile = realtime_textfile_path(settings)
+    assert textfile is not None
+    exported = {(s.labels.get("part"), s.labels.get("quantile")): s.value
+                for family in text_string_to_metric_families(textfile.read_text())
+                for s in family.samples if s.name == "shopstream_stream_rt_freshness_seconds"}
+    for part, field in (("total", "freshness"), ("query", "query"), ("feed", "feed")):
+        assert exported[(part, "1")] == pytest.approx(progress[f"rt_{field}_max_s"], abs=0.001)
 
     expected = keyed_rows_of(spark, events)
     for row in expected:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +119,40 @@ def test_textfile_location_follows_settings(tmp_path: Path) -> None:
     explicit = Settings(_env_file=None, data_dir="s3a://bucket/shopstream",  # type: ignore[call-arg]
                         stream_metrics_textfile=str(tmp_path / "node" / "stream.prom"))
     assert textfile_path(explicit) == tmp_path / "node" / "stream.prom"
+
+
+def test_realtime_textfile_sits_beside_the_jobs_and_parses(tmp_path: Path) -> None:
+    """The feed's figures in their own file of the collector's directory, per part."""
+    from datetime import UTC, datetime
+
+    from pipelines.stream_metrics import realtime_prometheus_text, realtime_textfile_path
+
+    explicit = Settings(_env_file=None,  # type: ignore[call-arg]
+                        stream_metrics_textfile=str(tmp_path / "node" / "stream.prom"))
+    assert realtime_textfile_path(explicit) == tmp_path / "node" / "stream_rt.prom"
+    remote = Settings(_env_file=None, data_dir="s3a://bucket/shopstream")  # type: ignore[call-arg]
+    assert realtime_textfile_path(remote) is None
+    at = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+    text = realtime_prometheus_text({"total": (0.2, 1.5, 2.0), "query": (0.08, 0.15, 0.3),
+                                     "feed": (0.1, 1.4, 1.9)}, 4980, at)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    fresh = "shopstream_stream_rt_freshness_seconds"
+    assert samples[(fresh, (("part", "feed"), ("quantile", "0.99")))] == 1.4
+    assert samples[(fresh, (("part", "query"), ("quantile", "1")))] == 0.3
+    assert samples[(fresh, (("part", "total"), ("quantile", "0.5")))] == 0.2
+    assert samples[("shopstream_stream_rt_tiles_written", ())] == 4980
+    assert samples[("shopstream_stream_rt_last_report_timestamp_seconds", ())] == at.timestamp()
+
+
+def test_textfile_timestamps_are_exact(settings: Settings) -> None:
+    """Epoch seconds keep every digit (``:g`` had rounded them to 1.79561e+09)."""
+    recorder = MetricsRecorder(settings, _client=DownRedis())
+    recorder.record_batch(_stats())
+    metrics = recorder.on_progress(_progress())
+    assert metrics is not None
+    samples = {s.name: s.value for family in
+               text_string_to_metric_families(prometheus_text(metrics, recorder.totals))
+               for s in family.samples}
+    published = samples["shopstream_stream_last_batch_timestamp_seconds"]
+    assert published == datetime.fromisoformat(metrics.timestamp).timestamp()
