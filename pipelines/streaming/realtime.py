@@ -127,7 +127,7 @@ def rt_tiles_key(kind: str, key: str) -> str:
     """Tiles of one key written by the Real-time path (full tiles, overwritten).
 
     Cached: a flush names each touched key's tiles several times, and percent-encoding
-    it took 7 % of the feed's time."""
+    it took 7 % of the feed's time under cProfile."""
     from features import online_keys
 
     return online_keys.key("tiles", "rt", kind, online_keys.encode_part(key))
