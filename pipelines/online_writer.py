@@ -44,6 +44,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from features import online_keys
 from features.feast_layout import PROJECT, ViewSpec, timestamp_field
+from pipelines.redis_batch import CommandBatch
 from pipelines.settings import Settings
 
 if TYPE_CHECKING:
@@ -77,6 +78,11 @@ def _batches(rows: Iterable[Any], size: int) -> Iterator[list[Any]]:
 
 def _as_dict(row: Any) -> Mapping[str, Any]:
     return row.asDict() if hasattr(row, "asDict") else row
+
+
+def _flat(mapping: Mapping[Any, Any]) -> list[Any]:
+    """``HSET`` arguments of a mapping: field, value, field, value ..."""
+    return [part for pair in mapping.items() for part in pair]
 
 
 def _ts_nanos(data: bytes | None) -> int | None:
@@ -148,22 +154,22 @@ def write_entity_rows(
                 encoded[key] = (nanos, mapping)
         keys = list(encoded)
         if skip_older:
-            with client.pipeline(transaction=False) as pipe:
-                for key in keys:
-                    pipe.hget(key, ts_field)  # type: ignore[arg-type]  # bytes keys are fine
-                stored = pipe.execute()
+            reads = CommandBatch(client)
+            for key in keys:
+                reads.add("HGET", key, ts_field)
+            stored = reads.execute()
             keys = [
                 k for k, old in zip(keys, stored, strict=True)
                 if (old_nanos := _ts_nanos(old)) is None or old_nanos <= encoded[k][0]
             ]
         if not keys:
             continue
-        with client.pipeline(transaction=False) as pipe:
-            for key in keys:
-                pipe.hset(key, mapping=encoded[key][1])  # type: ignore[arg-type]
-                if ttl_seconds:
-                    pipe.expire(key, ttl_seconds)
-            pipe.execute()
+        writes = CommandBatch(client)
+        for key in keys:
+            writes.add("HSET", key, *_flat(encoded[key][1]))
+            if ttl_seconds:
+                writes.add("EXPIRE", key, ttl_seconds)
+        writes.execute()
         written += len(keys)
     return written
 
@@ -364,20 +370,17 @@ def write_item_metadata(
     """
     written = 0
     for batch in _batches(rows, batch_size):
-        with client.pipeline(transaction=False) as pipe:
-            for row in batch:
-                r = _as_dict(row)
-                key = online_keys.item_meta_key(str(r["item_id"]))
-                mapping = {
-                    "category_id": str(r["category_id"]),
-                    "region": str(r["region"]),
-                    "updated_ms": str(_epoch_ms(r["event_time"])),
-                }
-                if r.get("price") is not None:
-                    mapping["price"] = repr(float(r["price"]))
-                pipe.hset(key, mapping=mapping)
-                pipe.expire(key, ttl_seconds)
-            pipe.execute()
+        writes = CommandBatch(client)
+        for row in batch:
+            r = _as_dict(row)
+            key = online_keys.item_meta_key(str(r["item_id"]))
+            fields = ["category_id", str(r["category_id"]), "region", str(r["region"]),
+                      "updated_ms", str(_epoch_ms(r["event_time"]))]
+            if r.get("price") is not None:
+                fields += ["price", repr(float(r["price"]))]
+            writes.add("HSET", key, *fields)
+            writes.add("EXPIRE", key, ttl_seconds)
+        writes.execute()
         written += len(batch)
     return written
 

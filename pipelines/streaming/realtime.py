@@ -71,6 +71,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from features.windows import LONG_WINDOW, WINDOW_SECONDS
+from pipelines.redis_batch import CommandBatch, as_dict
 from pipelines.settings import Settings
 from pipelines.spark import STREAM_POOL, detached, scheduler_pool
 from pipelines.stream import is_redis_outage, redis_outage_of
@@ -246,7 +247,6 @@ class RealtimeWriter:
 
         self._client = redis.Redis(**self.redis_kwargs)
         self._clock = self._client.register_script(_CLOCK_LUA)
-        self._snapshot_due = self._client.register_script(_SNAPSHOT_DUE_LUA)
         self.snapshot_asked = False
         self._buffer: list[dict[str, Any]] = []
         self._next_top = 0.0
@@ -330,33 +330,34 @@ class RealtimeWriter:
         reads = (list(SalesTotals.window_tiles(current, self.slide)) if totals is None
                  else totals.leaving(current))
         out = _TileWrites(sales_reads=reads)
-        with self._client.pipeline(transaction=False) as pipe:
-            for start in reads:
-                pipe.hgetall(rt_tiles_key("sales", str(start)))
-            for (kind, key, tile), row in latest.items():
-                tile_value = TILE_OF_ROW[kind](row)
-                value = _encode_tile(tile_value)
-                if kind == "sales":
-                    out.sales.append((tile, tile_value, len(pipe)))
-                    pipe.hget(rt_tiles_key("sales", str(tile)), key)
-                    pipe.hset(rt_tiles_key("sales", str(tile)), key, value)
-                    pipe.expire(rt_tiles_key("sales", str(tile)), self.ttl)
-                    self.top_dirty = True
-                    continue
-                if kind == "item":
-                    out.items.append((key, tile_value, len(pipe)))
-                    pipe.hget(rt_tiles_key(kind, key), str(tile))
-                    out.meta.add(row)
-                pipe.hset(rt_tiles_key(kind, key), str(tile), value)
-                pipe.expire(rt_tiles_key(kind, key), self.ttl)
-                out.touched[kind].add(key)
-            out.replies = pipe.execute()
+        batch = CommandBatch(self._client)
+        add, ttl = batch.add, self.ttl
+        for start in reads:
+            add("HGETALL", rt_tiles_key("sales", str(start)))
+        for (kind, key, tile), row in latest.items():
+            tile_value = TILE_OF_ROW[kind](row)
+            value = _encode_tile(tile_value)
+            if kind == "sales":
+                name = rt_tiles_key("sales", str(tile))
+                out.sales.append((tile, tile_value, add("HGET", name, key)))
+                add("HSET", name, key, value)
+                add("EXPIRE", name, ttl)
+                self.top_dirty = True
+                continue
+            name = rt_tiles_key(kind, key)
+            if kind == "item":
+                out.items.append((key, tile_value, add("HGET", name, str(tile))))
+                out.meta.add(row)
+            add("HSET", name, str(tile), value)
+            add("EXPIRE", name, ttl)
+            out.touched[kind].add(key)
+        out.replies = batch.execute()
         return out
 
     def _update_totals(self, written: _TileWrites, current: int) -> None:
         """Move the sales totals to the clock's tile, then add each new sales tile's change."""
         replies = written.replies
-        read = {start: [_decode_tile(v) for v in replies[i].values()]
+        read = {start: [_decode_tile(v) for v in as_dict(replies[i]).values()]
                 for i, start in enumerate(written.sales_reads)}
         if self._totals is None:
             self._totals = SalesTotals.from_tiles(
@@ -378,33 +379,33 @@ class RealtimeWriter:
         users = sorted(written.touched["user"])
         items = sorted(written.touched["item"])
         item_reads: list[tuple[str, list[int] | None, int | None]] = []
-        with self._client.pipeline(transaction=False) as pipe:
-            # a snapshot due now covers the tiles before this one, whose sets are complete
-            # (this flush and the next ones add to this tile's or later ones); it is
-            # written after this flush (TileFeed), so it reads this flush's rows
-            self._snapshot_due(keys=list(rt_snapshot_keys()),
-                               args=[current, current - WINDOW_SECONDS[LONG_WINDOW]], client=pipe)
-            for kind, keys in (("user", users), ("item", items)):
-                if keys:
-                    pipe.sadd(dirty_key(kind, current), *keys)
-                    pipe.expire(dirty_key(kind, current), DIRTY_TTL_SECONDS)
-            marks = len(pipe)
-            for key in users:
-                pipe.hgetall(rt_tiles_key("user", key))
-            for key in items:  # a known item reads only the tiles leaving its windows, a new one all
-                if running.known(key):
-                    starts = running.leaving(key, current)
-                    item_reads.append((key, starts, len(pipe) if starts else None))
-                    if starts:
-                        pipe.hmget(rt_tiles_key("item", key), [str(t) for t in starts])
-                else:
-                    item_reads.append((key, None, len(pipe)))
-                    pipe.hgetall(rt_tiles_key("item", key))
-            replies = pipe.execute()
+        batch = CommandBatch(self._client)
+        # a snapshot due now covers the tiles before this one, whose sets are complete
+        # (this flush and the next ones add to this tile's or later ones); it is
+        # written after this flush (TileFeed), so it reads this flush's rows
+        batch.add("EVAL", _SNAPSHOT_DUE_LUA, 2, *rt_snapshot_keys(), current,
+                  current - WINDOW_SECONDS[LONG_WINDOW])
+        for kind, keys in (("user", users), ("item", items)):
+            if keys:
+                batch.add("SADD", dirty_key(kind, current), *keys)
+                batch.add("EXPIRE", dirty_key(kind, current), DIRTY_TTL_SECONDS)
+        marks = len(batch)
+        for key in users:
+            batch.add("HGETALL", rt_tiles_key("user", key))
+        for key in items:  # a known item reads only the tiles leaving its windows, a new one all
+            if running.known(key):
+                starts = running.leaving(key, current)
+                item_reads.append((key, starts, len(batch) if starts else None))
+                if starts:
+                    batch.add("HMGET", rt_tiles_key("item", key), *[str(t) for t in starts])
+            else:
+                item_reads.append((key, None, len(batch)))
+                batch.add("HGETALL", rt_tiles_key("item", key))
+        replies = batch.execute()
         if replies[0]:
             self.snapshot_asked = True
         stored = replies[marks:marks + len(users)]
-        user_rows = [finalize_user(key, [_decode_tile(v) for v in m.values()], as_of,
+        user_rows = [finalize_user(key, [_decode_tile(v) for v in as_dict(m).values()], as_of,
                                    slide_seconds=self.slide, last_items_n=self.last_items_n)
                      for key, m in zip(users, stored, strict=True)]
         changes = written.item_changes()
@@ -412,7 +413,8 @@ class RealtimeWriter:
         for key, starts, at in item_reads:
             if starts is None:  # rebuilt from what is stored now, this flush's tiles included
                 assert at is not None
-                running.rebuild(key, [_decode_tile(v) for v in replies[at].values()], current)
+                running.rebuild(key, [_decode_tile(v) for v in as_dict(replies[at]).values()],
+                                current)
             else:
                 mine = changes.get(key, {})
                 now = dict(zip(starts, replies[at], strict=True)) if at is not None else {}
