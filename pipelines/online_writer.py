@@ -54,6 +54,11 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_BATCH_SIZE",
     "write_entity_rows",
+    "EncodedRows",
+    "encode_entity_rows",
+    "not_older",
+    "add_entity_writes",
+    "add_item_metadata",
     "entity_partition_writer",
     "write_entity_features",
     "write_top_items",
@@ -145,33 +150,55 @@ def write_entity_rows(
     ts_field = timestamp_field(spec.name)
     written = 0
     for batch in _batches(rows, batch_size):
-        encoded: dict[bytes, tuple[int, dict[bytes, bytes]]] = {}
-        for row in batch:
-            key, mapping = spec.encode(_as_dict(row), project)
-            nanos = _ts_nanos(mapping[ts_field]) or 0
-            previous = encoded.get(key)
-            if previous is None or nanos >= previous[0]:
-                encoded[key] = (nanos, mapping)
+        encoded = encode_entity_rows(spec, batch, project)
         keys = list(encoded)
         if skip_older:
             reads = CommandBatch(client)
             for key in keys:
                 reads.add("HGET", key, ts_field)
-            stored = reads.execute()
-            keys = [
-                k for k, old in zip(keys, stored, strict=True)
-                if (old_nanos := _ts_nanos(old)) is None or old_nanos <= encoded[k][0]
-            ]
+            keys = not_older(encoded, dict(zip(keys, reads.execute(), strict=True)))
         if not keys:
             continue
         writes = CommandBatch(client)
-        for key in keys:
-            writes.add("HSET", key, *_flat(encoded[key][1]))
-            if ttl_seconds:
-                writes.add("EXPIRE", key, ttl_seconds)
+        add_entity_writes(writes, encoded, keys, ttl_seconds)
         writes.execute()
         written += len(keys)
     return written
+
+
+EncodedRows = dict[bytes, tuple[int, dict[bytes, bytes]]]
+"""Entity rows of one view by Redis key: (event timestamp in ns, the hash to write)."""
+
+
+def encode_entity_rows(spec: ViewSpec, rows: Iterable[Any], project: str = PROJECT) -> EncodedRows:
+    """Rows in Feast's layout, by Redis key; of several rows of one entity the latest
+    event timestamp wins (the last of equal ones)."""
+    ts_field = timestamp_field(spec.name)
+    encoded: EncodedRows = {}
+    for row in rows:
+        key, mapping = spec.encode(_as_dict(row), project)
+        nanos = _ts_nanos(mapping[ts_field]) or 0
+        previous = encoded.get(key)
+        if previous is None or nanos >= previous[0]:
+            encoded[key] = (nanos, mapping)
+    return encoded
+
+
+def not_older(encoded: EncodedRows, stored: Mapping[bytes, bytes | None]) -> list[bytes]:
+    """The keys of ``encoded`` whose stored event timestamp (``stored``: the ``_ts:{view}``
+    field read from Redis, ``None`` when absent) is not later than the new row's: an
+    equal one is overwritten, so a recomputation wins."""
+    return [key for key, (nanos, _) in encoded.items()
+            if (old := _ts_nanos(stored.get(key))) is None or old <= nanos]
+
+
+def add_entity_writes(batch: CommandBatch, encoded: EncodedRows, keys: Iterable[bytes],
+                      ttl_seconds: int | None) -> None:
+    """Queue ``HSET`` (+ ``EXPIRE`` with a TTL) of each of ``keys``' encoded rows."""
+    for key in keys:
+        batch.add("HSET", key, *_flat(encoded[key][1]))
+        if ttl_seconds:
+            batch.add("EXPIRE", key, ttl_seconds)
 
 
 def _write_entity_partition(
@@ -372,17 +399,22 @@ def write_item_metadata(
     for batch in _batches(rows, batch_size):
         writes = CommandBatch(client)
         for row in batch:
-            r = _as_dict(row)
-            key = online_keys.item_meta_key(str(r["item_id"]))
-            fields = ["category_id", str(r["category_id"]), "region", str(r["region"]),
-                      "updated_ms", str(_epoch_ms(r["event_time"]))]
-            if r.get("price") is not None:
-                fields += ["price", repr(float(r["price"]))]
-            writes.add("HSET", key, *fields)
-            writes.add("EXPIRE", key, ttl_seconds)
+            add_item_metadata(writes, row, ttl_seconds)
         writes.execute()
         written += len(batch)
     return written
+
+
+def add_item_metadata(batch: CommandBatch, row: Any, ttl_seconds: int) -> None:
+    """Queue the ``HSET`` + ``EXPIRE`` of one :data:`features.tiles.ITEM_METADATA_COLUMNS` row."""
+    r = _as_dict(row)
+    key = online_keys.item_meta_key(str(r["item_id"]))
+    fields = ["category_id", str(r["category_id"]), "region", str(r["region"]),
+              "updated_ms", str(_epoch_ms(r["event_time"]))]
+    if r.get("price") is not None:
+        fields += ["price", repr(float(r["price"]))]
+    batch.add("HSET", key, *fields)
+    batch.add("EXPIRE", key, ttl_seconds)
 
 
 def _write_item_metadata_partition(rows: Iterator[Any], *, redis_kwargs: dict[str, Any],

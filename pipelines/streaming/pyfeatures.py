@@ -334,7 +334,9 @@ class ItemBase:
         sums = self.sums[window]
         for name in ITEM_SUMS[:-1]:
             sums[name] += sign * int(tile[name])
-        self.revenue[window] += sign * Fraction(float(tile["revenue"]))
+        revenue = float(tile["revenue"])
+        if revenue:  # most tiles hold views only: a Fraction costs more than the rest
+            self.revenue[window] += Fraction(sign * revenue)
         self.count[window] += sign
         if self.count[window] == 0:
             self.revenue[window] = Fraction(0)

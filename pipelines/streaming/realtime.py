@@ -282,9 +282,9 @@ class RealtimeWriter:
         earlier flush changed a sales tile: rows after a throttled top write must reach
         the lists, not wait for a next flush that may never come.
 
-        Two pipelined round trips: the tiles (with the values they replace and the
-        sales tiles leaving the windows), then what the touched entities' features
-        need; the features, item metadata and (when due) top lists are written after.
+        Four round trips: the clock; the tiles (with the values they replace and the
+        sales tiles leaving the windows); what the touched entities' features need;
+        the features and item metadata. The top lists, when due, after.
         """
         from features.feast_layout import ITEM_STATS, USER_ACTIVITY
         from pipelines import online_writer
@@ -304,16 +304,17 @@ class RealtimeWriter:
         if current > self._items_tile:
             self._items.forget_before(current)
             self._items_tile = current
-        user_rows, item_rows = self._touched_rows(written, current, as_of)
-        if user_rows:
-            online_writer.write_entity_rows(self._client, USER_ACTIVITY, user_rows,
-                                            ttl_seconds=self.ttl)
-        if item_rows:
-            online_writer.write_entity_rows(self._client, ITEM_STATS, item_rows,
-                                            ttl_seconds=self.ttl)
-        metadata = written.meta.rows()
-        if metadata:
-            online_writer.write_item_metadata(self._client, metadata, ttl_seconds=self.ttl)
+        user_rows, item_rows, stamped = self._touched_rows(written, current, as_of)
+        # round trip 3: the features (never over a later one another writer stored) and
+        # the item metadata
+        batch = CommandBatch(self._client)
+        for spec, feature_rows in ((USER_ACTIVITY, user_rows), (ITEM_STATS, item_rows)):
+            encoded = online_writer.encode_entity_rows(spec, feature_rows)
+            online_writer.add_entity_writes(batch, encoded,
+                                            online_writer.not_older(encoded, stamped), self.ttl)
+        for row in written.meta.rows():
+            online_writer.add_item_metadata(batch, row, self.ttl)
+        batch.execute()
         done = time.time()
         self._latencies.extend(done - r["max_us"] / 1e6 for r in latest.values())
         self._feed_s.extend(done - sent for sent in self._sent)
@@ -369,12 +370,17 @@ class RealtimeWriter:
             self._totals.change(tile, (new["item_id"], new["category_id"], new["region"]),
                                 int(new["units"]) - (int(_decode_tile(old)["units"]) if old else 0))
 
-    def _touched_rows(self, written: _TileWrites, current: int,
-                      as_of: datetime) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def _touched_rows(self, written: _TileWrites, current: int, as_of: datetime
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                 dict[bytes, bytes | None]]:
         """Round trip 2: mark the touched entities for the snapshot (and ask for one when
-        the clock entered a new tile), read what their features need; their rows as of
-        the clock. A user is finalized from all its tiles (a user holds few); a known item
-        from its running sums, reading only the tiles leaving its windows."""
+        the clock entered a new tile), read what their features need and the event
+        timestamps their stored features have; their rows as of the clock, and those
+        timestamps by Feast key. A user is finalized from all its tiles (a user holds
+        few); a known item from its running sums, reading only the tiles leaving its
+        windows."""
+        from features.feast_layout import ITEM_STATS, USER_ACTIVITY, timestamp_field
+
         running = self._items
         users = sorted(written.touched["user"])
         items = sorted(written.touched["item"])
@@ -401,7 +407,15 @@ class RealtimeWriter:
             else:
                 item_reads.append((key, None, len(batch)))
                 batch.add("HGETALL", rt_tiles_key("item", key))
+        stamps = len(batch)
+        feast_keys: list[bytes] = []
+        for spec, keys in ((USER_ACTIVITY, users), (ITEM_STATS, items)):
+            field_name = timestamp_field(spec.name)
+            for key in keys:
+                feast_keys.append(spec.redis_key(key))
+                batch.add("HGET", feast_keys[-1], field_name)
         replies = batch.execute()
+        stamped = dict(zip(feast_keys, replies[stamps:], strict=True))
         if replies[0]:
             self.snapshot_asked = True
         stored = replies[marks:marks + len(users)]
@@ -429,7 +443,7 @@ class RealtimeWriter:
                 for old, new in mine.values():
                     running.replace(key, old, new)
             item_rows.append(running.finalize(key, as_of))
-        return user_rows, item_rows
+        return user_rows, item_rows, stamped
 
     def snapshots_asked(self) -> dict[int, int]:
         """The snapshots asked for and not written yet: tile -> the first tile covered."""

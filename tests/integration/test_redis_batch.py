@@ -70,3 +70,11 @@ def test_as_dict_takes_both_protocols() -> None:
     assert as_dict([b"a", b"1", b"b", b"2"]) == {b"a": b"1", b"b": b"2"}
     assert as_dict({b"a": b"1"}) == {b"a": b"1"}
     assert as_dict([]) == {}
+
+
+def test_an_argument_redis_cannot_take_is_a_clear_error(redis_client: Any) -> None:
+    batch = CommandBatch(redis_client)
+    batch.add("SET", "k", None)
+    with pytest.raises(redis.DataError, match="argument"):
+        batch.execute()
+    assert redis_client.ping()  # nothing half-sent
