@@ -337,27 +337,53 @@ def _clock_seconds(client: Any, mode: str) -> float | None:
     return None if not raw else datetime.fromisoformat(raw.decode()).timestamp()
 
 
+WAIT_STATUS_S = 15.0
+"""How often :func:`_wait_for_clock` says how far behind the mode is."""
+
+
+def _realtime_parts(client: Any) -> str:
+    """The Real-time feed's last report from the progress hash: where the lag is."""
+    from features.online_keys import stream_progress_key
+
+    fields = {k.decode(): v.decode() for k, v in client.hgetall(stream_progress_key()).items()
+              if k.startswith(b"rt_")}
+    parts = [f"{name} p50/p99 {fields[f'rt_{name}_p50_s']}/{fields[f'rt_{name}_p99_s']} s"
+             for name in ("query", "feed") if f"rt_{name}_p99_s" in fields]
+    return "; ".join(parts)
+
+
 def _wait_for_clock(settings: Any, mode: str, alive: Callable[[], bool], timeout_s: float,
-                    lag_s: float | None = None) -> float | None:
+                    lag_s: float | None = None) -> tuple[float | None, str]:
     """Until the mode's event-time clock is within ``lag_s`` (default
     :data:`CAUGHT_UP_LAG_S` of the mode) of now: the query has caught up with the live
     traffic sent while it started (probes measure the steady state, not the catching
-    up). Returns the seconds that took, ``None`` if it did not within ``timeout_s``."""
+    up). Returns the seconds that took (``None`` if it did not within ``timeout_s``) and
+    the last lag seen, with the Real-time feed's parts (query, feed), so a run that did
+    not catch up says where it was behind. Says the same every :data:`WAIT_STATUS_S`."""
     from pipelines.connections import redis_client
 
     lag_s = CAUGHT_UP_LAG_S[mode] if lag_s is None else lag_s
     client = redis_client(settings, timeout_ms=2000)
     start = time.monotonic()
     deadline = start + timeout_s
+    next_status = start + WAIT_STATUS_S
+    last = "no clock yet"
     try:
         while time.monotonic() < deadline and alive():
             clock = _clock_seconds(client, mode)
-            if clock is not None and time.time() - clock <= lag_s:
-                return time.monotonic() - start
+            if clock is not None:
+                behind = time.time() - clock
+                if behind <= lag_s:
+                    return time.monotonic() - start, f"{behind:.1f} s behind"
+                parts = _realtime_parts(client) if mode == "realtime" else ""
+                last = f"{behind:.1f} s behind" + (f" ({parts})" if parts else "")
+            if time.monotonic() >= next_status:
+                _say(f"{mode}: waiting to catch up, {time.monotonic() - start:.0f} s: {last}")
+                next_status += WAIT_STATUS_S
             time.sleep(0.2)
     finally:
         client.close()
-    return None
+    return None, last
 
 
 def probe_summary(latencies: list[float], sent: int,
@@ -423,10 +449,11 @@ def _freshness(settings: Any, spark: Any, mode: str, rate: float, probes: int,
     sender = threading.Thread(target=_send_live, args=(settings, topic, rate, stop), daemon=True)
     sender.start()
     try:
-        caught_up_s = _wait_for_clock(run_settings, mode, lambda: not error, 300)
+        caught_up_s, last = _wait_for_clock(run_settings, mode, lambda: not error, 300)
         if caught_up_s is None:
             return {"error": "the micro-batch query did not catch up with the live traffic "
-                             f"(clock within {CAUGHT_UP_LAG_S[mode]:.0f} s of now) within 300 s"
+                             f"(clock within {CAUGHT_UP_LAG_S[mode]:.0f} s of now) within 300 s; "
+                             f"at the end {last}"
                              + (f": {str(error[0]).splitlines()[0][:300]}" if error else "")}
         time.sleep(warmup_s)  # warm up: first batches, Python workers
         latencies, sent = _probe(settings, topic, probes, 0.5, PROBE_TIMEOUT_S, budget_s)
@@ -449,11 +476,13 @@ def _realtime_freshness(run_settings: Any, topic: str, rate: float, probes: int,
     proc = _realtime_driver(run_settings, log_path)
     try:
         sender.start()
-        caught_up_s = _wait_for_clock(run_settings, "realtime", lambda: proc.poll() is None, 300)
+        caught_up_s, last = _wait_for_clock(run_settings, "realtime",
+                                            lambda: proc.poll() is None, 300)
         if caught_up_s is None:
             tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
-            return {"error": "the Real-time query did not catch up with the live traffic "
-                             f"(clock within {CAUGHT_UP_LAG_S['realtime']:.0f} s of now) within 300 s"
+            return {"error": "the Real-time path did not catch up with the live traffic "
+                             f"(clock within {CAUGHT_UP_LAG_S['realtime']:.0f} s of now) within "
+                             f"300 s; at the end {last}"
                              + (f" (exit {proc.returncode}: {' | '.join(tail)[:300]})"
                                 if proc.poll() is not None else "")}
         time.sleep(warmup_s)

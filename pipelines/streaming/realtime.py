@@ -81,6 +81,7 @@ from pipelines.streaming.pyfeatures import (
     ItemMetadata,
     RunningItems,
     SalesTotals,
+    UserTiles,
     finalize_user,
     from_us,
     rank_top_items,
@@ -118,6 +119,9 @@ TOP_SHARE = 0.2
 """...and spend at most this share of the feed's time: after a ranking that took ``d``
 seconds the next waits ``d / TOP_SHARE`` (the ranking covers every item sold in the day:
 about 0.1 s for 12,000 sales keys), so tiles keep flowing however large the day gets."""
+USER_TILES_CACHED = 200_000
+"""Decoded user tiles the feed keeps in memory (:class:`~pipelines.streaming.pyfeatures.UserTiles`;
+about 1 KB each): beyond, the least recently touched users are read from Redis again."""
 REPORT_SECONDS = 5.0
 """How often the feed writes its freshness figures to the progress hash."""
 
@@ -262,6 +266,7 @@ class RealtimeWriter:
         self._totals: SalesTotals | None = None
         self._items = RunningItems(self.slide)
         self._items_tile = 0
+        self._users = UserTiles(max_tiles=USER_TILES_CACHED, max_idle_s=self.ttl / 2)
 
     def disconnect(self) -> None:
         if self._client is not None:
@@ -303,6 +308,7 @@ class RealtimeWriter:
         self._update_totals(written, current)
         if current > self._items_tile:
             self._items.forget_before(current)
+            self._users.trim(current - WINDOW_SECONDS[LONG_WINDOW], time.monotonic())
             self._items_tile = current
         user_rows, item_rows, stamped = self._touched_rows(written, current, as_of)
         # round trip 3: the features (never over a later one another writer stored) and
@@ -332,7 +338,7 @@ class RealtimeWriter:
                  else totals.leaving(current))
         out = _TileWrites(sales_reads=reads)
         batch = CommandBatch(self._client)
-        add, ttl = batch.add, self.ttl
+        add, ttl, now = batch.add, self.ttl, time.monotonic()
         for start in reads:
             add("HGETALL", rt_tiles_key("sales", str(start)))
         for (kind, key, tile), row in latest.items():
@@ -346,7 +352,9 @@ class RealtimeWriter:
                 self.top_dirty = True
                 continue
             name = rt_tiles_key(kind, key)
-            if kind == "item":
+            if kind == "user":
+                self._users.put(key, tile_value, now)
+            elif kind == "item":
                 out.items.append((key, tile_value, add("HGET", name, str(tile))))
                 out.meta.add(row)
             add("HSET", name, str(tile), value)
@@ -376,9 +384,9 @@ class RealtimeWriter:
         """Round trip 2: mark the touched entities for the snapshot (and ask for one when
         the clock entered a new tile), read what their features need and the event
         timestamps their stored features have; their rows as of the clock, and those
-        timestamps by Feast key. A user is finalized from all its tiles (a user holds
-        few); a known item from its running sums, reading only the tiles leaving its
-        windows."""
+        timestamps by Feast key. A user is finalized from all its tiles, read from Redis
+        on its first touch only (:class:`UserTiles`); a known item from its running sums,
+        reading only the tiles leaving its windows."""
         from features.feast_layout import ITEM_STATS, USER_ACTIVITY, timestamp_field
 
         running = self._items
@@ -396,7 +404,8 @@ class RealtimeWriter:
                 batch.add("SADD", dirty_key(kind, current), *keys)
                 batch.add("EXPIRE", dirty_key(kind, current), DIRTY_TTL_SECONDS)
         marks = len(batch)
-        for key in users:
+        loads = [key for key in users if not self._users.known(key)]  # the others are kept
+        for key in loads:
             batch.add("HGETALL", rt_tiles_key("user", key))
         for key in items:  # a known item reads only the tiles leaving its windows, a new one all
             if running.known(key):
@@ -418,10 +427,11 @@ class RealtimeWriter:
         stamped = dict(zip(feast_keys, replies[stamps:], strict=True))
         if replies[0]:
             self.snapshot_asked = True
-        stored = replies[marks:marks + len(users)]
-        user_rows = [finalize_user(key, [_decode_tile(v) for v in as_dict(m).values()], as_of,
-                                   slide_seconds=self.slide, last_items_n=self.last_items_n)
-                     for key, m in zip(users, stored, strict=True)]
+        now = time.monotonic()
+        for key, stored in zip(loads, replies[marks:marks + len(loads)], strict=True):
+            self._users.load(key, [_decode_tile(v) for v in as_dict(stored).values()], now)
+        user_rows = [finalize_user(key, self._users.tiles(key), as_of, slide_seconds=self.slide,
+                                   last_items_n=self.last_items_n) for key in users]
         changes = written.item_changes()
         item_rows = []
         for key, starts, at in item_reads:

@@ -188,3 +188,59 @@ def test_an_item_base_moved_tile_by_tile_finalizes_like_all_tiles() -> None:
         steps += 1
     assert steps > 100
     assert got["views_24h"] == 0 and got["revenue_24h"] == 0.0 and got["category_id"] is None
+
+
+def test_user_lists_from_the_newest_tiles_equal_the_latest_of_all_entries() -> None:
+    """finalize_user reads last-items lists newest tile first and stops early: the same
+    lists as ranking every entry of the 24h window, whatever order the tiles come in."""
+    import random
+
+    rnd = random.Random(7)
+    for _ in range(200):
+        tiles = []
+        for k in range(rnd.randrange(1, 8)):
+            start = TILE - 60 * rnd.randrange(0, 1500) if k else TILE
+            if any(t["tile_start"] == start for t in tiles):
+                continue
+            entries = [{"event_us": (start + rnd.randrange(60)) * 1_000_000,
+                        "item_id": f"i{rnd.randrange(6)}"} for _ in range(rnd.randrange(4))]
+            tile = _user_tile(start)
+            tile["last_viewed"] = entries
+            tile["last_purchased"] = entries[:1]
+            tile["last_event_us"] = max([e["event_us"] for e in entries], default=start * 1_000_000)
+            tiles.append(tile)
+        n = rnd.randrange(1, 5)
+        row = pyf.finalize_user("u", tiles, T, slide_seconds=60, last_items_n=n)
+        live = [t for t in tiles if pyf.in_window(t["tile_start"], TILE, "24h")]
+        assert row["last_viewed_items"] == pyf.latest_distinct(
+            (e for t in live for e in t["last_viewed"]), n)
+        assert row["last_purchased_items"] == pyf.latest_distinct(
+            (e for t in live for e in t["last_purchased"]), n)
+        last = max((t["last_event_us"] for t in live), default=None)
+        assert row["last_event_time"] == (pyf.from_us(last - last % 1_000_000) if last else None)
+        rnd.shuffle(tiles)
+        assert pyf.finalize_user("u", tiles, T, slide_seconds=60, last_items_n=n) == row
+
+
+def test_user_tiles_follow_the_feeds_writes_and_stay_bounded() -> None:
+    cache = pyf.UserTiles(max_tiles=5, max_idle_s=100.0)
+    cache.put("u1", _user_tile(TILE), now=0.0)  # not loaded: a write alone proves nothing
+    assert not cache.known("u1")
+    cache.load("u1", [_user_tile(TILE - 60), _user_tile(TILE - 86_400)], now=0.0)
+    cache.put("u1", _user_tile(TILE, views=4), now=1.0)
+    cache.put("u1", _user_tile(TILE, views=6), now=2.0)  # a later full value replaces it
+    assert sorted((t["tile_start"], t["views"]) for t in cache.tiles("u1")) == [
+        (TILE - 86_400, 1), (TILE - 60, 1), (TILE, 6)]
+    assert cache.tile_count == 3
+
+    cache.trim(TILE - 86_400, now=3.0)  # out of every window
+    assert [t["tile_start"] for t in cache.tiles("u1")] == [TILE - 60, TILE] and cache.tile_count == 2
+
+    cache.load("u2", [_user_tile(TILE - 60 * k) for k in range(3)], now=4.0)
+    cache.load("u3", [_user_tile(TILE)], now=5.0)
+    cache.trim(TILE - 86_400, now=6.0)  # 6 tiles > 5: the least recently touched user goes
+    assert not cache.known("u1") and cache.known("u2") and cache.known("u3")
+    assert cache.tile_count == 4
+
+    cache.trim(TILE - 86_400, now=104.5)  # u2 idle 100.5 s: Redis may have expired its key
+    assert not cache.known("u2") and cache.known("u3") and len(cache) == 1

@@ -1,0 +1,47 @@
+"""The streaming benchmark's wait for a mode to catch up, against a real redis-server:
+a run that never catches up says how far behind it was, and where."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from benchmarks import streaming_throughput as st
+from features.online_keys import stream_progress_key
+from pipelines.settings import Settings
+from pipelines.streaming.realtime import rt_clock_key
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_realtime_run_behind_names_the_lag_and_its_parts(
+        settings: Settings, redis_client: Any, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(st, "WAIT_STATUS_S", 0.3)
+    redis_client.set(rt_clock_key(), int((time.time() - 42) * 1e6))
+    redis_client.hset(stream_progress_key(), mapping={
+        "rt_query_p50_s": "30.100", "rt_query_p99_s": "35.000",
+        "rt_feed_p50_s": "0.200", "rt_feed_p99_s": "0.900", "clock": "ignored"})
+
+    caught_up, last = st._wait_for_clock(settings, "realtime", lambda: True, 1.0)
+
+    assert caught_up is None
+    behind = float(last.split(" s behind")[0])
+    assert 42 <= behind < 45
+    assert "(query p50/p99 30.100/35.000 s; feed p50/p99 0.200/0.900 s)" in last
+    assert "realtime: waiting to catch up" in capsys.readouterr().out  # progress while waiting
+
+
+def test_a_clock_within_the_lag_returns_at_once(settings: Settings, redis_client: Any) -> None:
+    redis_client.set(rt_clock_key(), int(time.time() * 1e6))
+
+    caught_up, last = st._wait_for_clock(settings, "realtime", lambda: True, 10.0)
+
+    assert caught_up is not None and caught_up < 5
+    assert last.endswith("s behind")
+
+
+def test_no_clock_at_all_says_so(settings: Settings, redis_client: Any) -> None:
+    assert st._wait_for_clock(settings, "microbatch", lambda: True, 0.5) == (None, "no clock yet")
