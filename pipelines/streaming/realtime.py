@@ -80,9 +80,8 @@ from pipelines.streaming.pyfeatures import (
     TILE_OF_ROW,
     ItemMetadata,
     RunningItems,
+    RunningUsers,
     SalesTotals,
-    UserTiles,
-    finalize_user,
     from_us,
     rank_top_items,
     tile_of,
@@ -120,7 +119,7 @@ TOP_SHARE = 0.2
 seconds the next waits ``d / TOP_SHARE`` (the ranking covers every item sold in the day:
 about 0.1 s for 12,000 sales keys), so tiles keep flowing however large the day gets."""
 USER_TILES_CACHED = 200_000
-"""Decoded user tiles the feed keeps in memory (:class:`~pipelines.streaming.pyfeatures.UserTiles`;
+"""Decoded user tiles the feed keeps in memory (:class:`~pipelines.streaming.pyfeatures.RunningUsers`;
 about 1 KB each): beyond, the least recently touched users are read from Redis again."""
 REPORT_SECONDS = 5.0
 """How often the feed writes its freshness figures to the progress hash."""
@@ -266,7 +265,8 @@ class RealtimeWriter:
         self._totals: SalesTotals | None = None
         self._items = RunningItems(self.slide)
         self._items_tile = 0
-        self._users = UserTiles(max_tiles=USER_TILES_CACHED, max_idle_s=self.ttl / 2)
+        self._users = RunningUsers(self.slide, max_tiles=USER_TILES_CACHED,
+                                   max_idle_s=self.ttl / 2)
 
     def disconnect(self) -> None:
         if self._client is not None:
@@ -308,7 +308,7 @@ class RealtimeWriter:
         self._update_totals(written, current)
         if current > self._items_tile:
             self._items.forget_before(current)
-            self._users.trim(current - WINDOW_SECONDS[LONG_WINDOW], time.monotonic())
+            self._users.trim(current, time.monotonic())
             self._items_tile = current
         user_rows, item_rows, stamped = self._touched_rows(written, current, as_of)
         # round trip 3: the features (never over a later one another writer stored) and
@@ -353,7 +353,7 @@ class RealtimeWriter:
                 continue
             name = rt_tiles_key(kind, key)
             if kind == "user":
-                self._users.put(key, tile_value, now)
+                self._users.put(key, tile_value, current, now)
             elif kind == "item":
                 out.items.append((key, tile_value, add("HGET", name, str(tile))))
                 out.meta.add(row)
@@ -384,9 +384,9 @@ class RealtimeWriter:
         """Round trip 2: mark the touched entities for the snapshot (and ask for one when
         the clock entered a new tile), read what their features need and the event
         timestamps their stored features have; their rows as of the clock, and those
-        timestamps by Feast key. A user is finalized from all its tiles, read from Redis
-        on its first touch only (:class:`UserTiles`); a known item from its running sums,
-        reading only the tiles leaving its windows."""
+        timestamps by Feast key. A user is finalized from its running sums, its tiles read
+        from Redis on its first touch only (:class:`RunningUsers`); a known item from its
+        running sums, reading only the tiles leaving its windows."""
         from features.feast_layout import ITEM_STATS, USER_ACTIVITY, timestamp_field
 
         running = self._items
@@ -429,9 +429,10 @@ class RealtimeWriter:
             self.snapshot_asked = True
         now = time.monotonic()
         for key, stored in zip(loads, replies[marks:marks + len(loads)], strict=True):
-            self._users.load(key, [_decode_tile(v) for v in as_dict(stored).values()], now)
-        user_rows = [finalize_user(key, self._users.tiles(key), as_of, slide_seconds=self.slide,
-                                   last_items_n=self.last_items_n) for key in users]
+            self._users.load(key, [_decode_tile(v) for v in as_dict(stored).values()], current,
+                             now)
+        user_rows = [self._users.finalize(key, as_of, last_items_n=self.last_items_n)
+                     for key in users]
         changes = written.item_changes()
         item_rows = []
         for key, starts, at in item_reads:

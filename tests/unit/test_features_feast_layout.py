@@ -169,6 +169,19 @@ def test_scalar_fast_paths_equal_protobuf_bytes() -> None:
         seconds = int((when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp())
         assert encode_value("timestamp", when) == Value(
             unix_timestamp_val=seconds).SerializeToString()
+    from features.feast_layout import DoubleList, StringList
+
+    texts = ["", "c1", "é" * 70, "x" * 200, "\u2603|i9"]
+    for n in [0, 1, 2, 3, 17, 40]:
+        strings = [rnd.choice(texts) for _ in range(n)]
+        assert encode_value("string_list", strings) == Value(
+            string_list_val=StringList(val=strings)).SerializeToString(), strings
+        numbers = [rnd.choice((0.0, -0.0, 1.0, 5e-324, float("inf"), rnd.uniform(-1e6, 1e6)))
+                   for _ in range(n)]
+        assert encode_value("double_list", numbers) == Value(
+            double_list_val=DoubleList(val=numbers)).SerializeToString(), numbers
+        assert decode_value("double_list", encode_value("double_list", numbers)) == numbers
+        assert decode_value("string_list", encode_value("string_list", strings)) == strings
 
 
 @pytest.mark.parametrize("ts", [

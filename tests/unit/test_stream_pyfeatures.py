@@ -222,25 +222,89 @@ def test_user_lists_from_the_newest_tiles_equal_the_latest_of_all_entries() -> N
         assert pyf.finalize_user("u", tiles, T, slide_seconds=60, last_items_n=n) == row
 
 
-def test_user_tiles_follow_the_feeds_writes_and_stay_bounded() -> None:
-    cache = pyf.UserTiles(max_tiles=5, max_idle_s=100.0)
-    cache.put("u1", _user_tile(TILE), now=0.0)  # not loaded: a write alone proves nothing
+def test_running_users_follow_the_feeds_writes_and_stay_bounded() -> None:
+    cache = pyf.RunningUsers(60, max_tiles=5, max_idle_s=100.0)
+    cache.put("u1", _user_tile(TILE), TILE, now=0.0)  # not loaded: a write alone proves nothing
     assert not cache.known("u1")
-    cache.load("u1", [_user_tile(TILE - 60), _user_tile(TILE - 86_400)], now=0.0)
-    cache.put("u1", _user_tile(TILE, views=4), now=1.0)
-    cache.put("u1", _user_tile(TILE, views=6), now=2.0)  # a later full value replaces it
+    cache.load("u1", [_user_tile(TILE - 60), _user_tile(TILE - 86_400)], TILE, now=0.0)
+    cache.put("u1", _user_tile(TILE, views=4), TILE, now=1.0)
+    cache.put("u1", _user_tile(TILE, views=6), TILE, now=2.0)  # a later full value replaces it
     assert sorted((t["tile_start"], t["views"]) for t in cache.tiles("u1")) == [
         (TILE - 86_400, 1), (TILE - 60, 1), (TILE, 6)]
     assert cache.tile_count == 3
+    assert cache.finalize("u1", T, last_items_n=3)["views_24h"] == 7
 
-    cache.trim(TILE - 86_400, now=3.0)  # out of every window
+    cache.trim(TILE, now=3.0)  # out of every window
     assert [t["tile_start"] for t in cache.tiles("u1")] == [TILE - 60, TILE] and cache.tile_count == 2
 
-    cache.load("u2", [_user_tile(TILE - 60 * k) for k in range(3)], now=4.0)
-    cache.load("u3", [_user_tile(TILE)], now=5.0)
-    cache.trim(TILE - 86_400, now=6.0)  # 6 tiles > 5: the least recently touched user goes
+    cache.load("u2", [_user_tile(TILE - 60 * k) for k in range(3)], TILE, now=4.0)
+    cache.load("u3", [_user_tile(TILE)], TILE, now=5.0)
+    cache.trim(TILE, now=6.0)  # 6 tiles > 5: the least recently touched user goes
     assert not cache.known("u1") and cache.known("u2") and cache.known("u3")
     assert cache.tile_count == 4
 
-    cache.trim(TILE - 86_400, now=104.5)  # u2 idle 100.5 s: Redis may have expired its key
+    cache.trim(TILE, now=104.5)  # u2 idle 100.5 s: Redis may have expired its key
     assert not cache.known("u2") and cache.known("u3") and len(cache) == 1
+
+
+def test_running_users_finalize_like_all_tiles_as_writes_and_the_clock_go_on() -> None:
+    """Two users over a day and a half of minute tiles: tiles written (and rewritten with
+    more events), the clock moving in uneven steps, trims, a reload from what is stored
+    (one with tiles after the clock): at every step the running sums give finalize_user's
+    values over every stored tile -- also once the windows are empty again."""
+    import random
+
+    rnd = random.Random(11)
+    slide = 60
+    start = TILE - 36 * 3600
+    stored: dict[str, dict[int, dict]] = {"a": {}, "b": {}}
+    users = pyf.RunningUsers(slide, max_tiles=10_000, max_idle_s=1e9)
+
+    def tile(t: int) -> dict:
+        items = sorted({f"i{rnd.randrange(12)}" for _ in range(rnd.randrange(1, 4))})
+        entries = [{"event_us": t * 1_000_000 + rnd.randrange(60_000_000), "item_id": i}
+                   for i in items]
+        return {"tile_start": t, "views": rnd.randrange(5), "carts": rnd.randrange(2),
+                "purchases": rnd.randrange(2), "spend": rnd.choice((0.0, 0.0, 19.99, 0.1, 3.0)),
+                "items_viewed": items,
+                "category_weights": [{"category_id": f"c{rnd.randrange(4)}",
+                                      "weight": rnd.choice((1.0, 3.0, 5.0, 0.5))}],
+                "last_event_us": max(e["event_us"] for e in entries), "last_viewed": entries,
+                "last_purchased": entries[:1] if rnd.random() < 0.3 else []}
+
+    current = start
+    steps = 0
+    while current <= start + 36 * 3600 + 25 * 3600:
+        for user in stored:
+            if current <= start + 36 * 3600 and rnd.random() < 0.5:
+                # this tile, or (late events) one of the last few
+                t = current - slide * rnd.choice((0, 0, 0, 1, 3))
+                value = tile(t)
+                stored[user][t] = value
+                users.put(user, value, current, now=float(steps))
+            if not users.known(user):
+                users.load(user, stored[user].values(), current, now=float(steps))
+        if steps % 50 == 7:  # a reload, as after an eviction: tiles later than its clock too
+            ahead = current + 5 * slide
+            stored["b"][ahead] = tile(ahead)
+            users.load("b", stored["b"].values(), current, now=float(steps))
+        as_of = pyf.from_us(current * 1_000_000 + 5)
+        for user, tiles in stored.items():
+            got = users.finalize(user, as_of, last_items_n=3)
+            want = pyf.finalize_user(user, tiles.values(), as_of, slide_seconds=slide,
+                                     last_items_n=3)
+            assert got.keys() == want.keys()
+            for name, value in want.items():
+                if isinstance(value, float):
+                    assert got[name] == pytest.approx(value, rel=1e-12, abs=1e-9), (steps, name)
+                elif name == "category_affinity_weights":
+                    assert got[name] == pytest.approx(value, rel=1e-12), (steps, name)
+                else:
+                    assert got[name] == value, (steps, user, name)
+        current += slide * rnd.choice((1, 1, 1, 2, 7, 61))
+        users.trim(current, now=float(steps))
+        steps += 1
+    assert steps > 200
+    row = users.finalize("a", pyf.from_us(current * 1_000_000), last_items_n=3)
+    assert row["views_24h"] == 0 and row["spend_24h"] == 0.0 and row["top_category"] is None
+    assert row["distinct_items_viewed_1h"] == 0 and row["last_viewed_items"] == []
