@@ -78,3 +78,52 @@ def test_an_argument_redis_cannot_take_is_a_clear_error(redis_client: Any) -> No
     with pytest.raises(redis.DataError, match="argument"):
         batch.execute()
     assert redis_client.ping()  # nothing half-sent
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_replies_spanning_many_socket_reads_come_back_whole(settings: Any, redis_server: Any,
+                                                            protocol: int) -> None:
+    """Replies far larger than one socket read (65 KB) reach their commands in order, in
+    RESP2 (read from hiredis directly) and RESP3 (through redis-py)."""
+    from pipelines.connections import redis_kwargs
+
+    client = redis.Redis(**redis_kwargs(settings), protocol=protocol)
+    try:
+        client.flushdb()
+        batch = CommandBatch(client)
+        for i in range(3000):
+            batch.add("SET", f"k{i}", f"{i}:" + "x" * 200)
+        assert batch.execute() == [b"OK"] * 3000
+        reads = [batch.add("GET", f"k{i}") for i in range(3000)]
+        missing = batch.add("GET", "nope")
+        replies = batch.execute()
+        assert [replies[at] for at in reads] == [f"{i}:".encode() + b"x" * 200
+                                                 for i in range(3000)]
+        assert replies[missing] is None
+    finally:
+        client.close()
+
+
+def test_a_timeout_mid_read_leaves_no_half_read_connection(settings: Any,
+                                                           redis_server: Any) -> None:
+    """A reply that does not come in time raises redis' TimeoutError, and the connection
+    is not handed out again with that reply still on its way."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    from pipelines.connections import redis_kwargs
+
+    client = redis.Redis(**redis_kwargs(settings, timeout_ms=300), retry=Retry(NoBackoff(), 0))
+    try:
+        batch = CommandBatch(client)
+        batch.add("SET", "k", "v")
+        batch.add("BLPOP", "queue", 2)  # blocks 2 s: longer than the socket timeout
+        with pytest.raises(redis.TimeoutError):
+            batch.execute()
+        client.rpush("queue", "first")  # a reused half-read connection would answer BLPOP's
+        again = CommandBatch(client)
+        at = again.add("GET", "k")
+        assert again.execute()[at] == b"v"
+        assert client.lrange("queue", 0, -1) == [b"first"]
+    finally:
+        client.close()
