@@ -146,6 +146,11 @@ class Settings(BaseSettings):
     while the micro-batch query keeps feeding the Parquet sinks."""
     stream_realtime_checkpoint_seconds: int = Field(default=300, ge=5)
     """Real-time Mode batch duration: how often it checkpoints (not a latency)."""
+    stream_realtime_user_cache_tiles: int = Field(default=600_000, ge=0)
+    """Real-time Mode: user tiles the tile feed keeps decoded in memory (about 2 KB each),
+    so a touched user is not read back from Redis. Size it for the users active in a
+    day: beyond it the least recently touched users are read again on their next touch
+    (``rt_user_loads`` in ``shopstream status`` then grows about as fast as touches)."""
     stream_check_key: bool = True
     """The contract's key rule: a record's Kafka key must be present and equal its
     ``user_id``, else it is quarantined (``missing_key`` / ``key_mismatch``). Off: the key

@@ -696,7 +696,8 @@ class _User:
         self.ahead = False  # holds a tile after ``since`` (in no window yet)
         self.touched = touched
         self.tiles: dict[int, Mapping[str, Any]] = {}
-        # per tile, its last-viewed and last-purchased items, latest first (ranked once)
+        # per tile, its last-viewed and last-purchased items, latest first: ranked when a
+        # finalize first reads the tile (only the newest few are: it stops at N items)
         self.ranked: dict[int, tuple[list[str], list[str]]] = {}
         self.counts = {w: [0, 0, 0] for w in WINDOW_SECONDS}  # views, carts, purchases
         self.spend: dict[str, int | Fraction] = dict.fromkeys(WINDOW_SECONDS, 0)
@@ -759,6 +760,10 @@ class RunningUsers:
         self.max_idle_s = max_idle_s
         self._users: OrderedDict[str, _User] = OrderedDict()
         self._count = 0
+        # tile start -> users holding a tile there: trim visits only what it forgets
+        self._at: dict[int, set[str]] = defaultdict(set)
+        self.loads = 0
+        """Users loaded from Redis so far (first touches, and touches after an eviction)."""
 
     def __len__(self) -> int:
         return len(self._users)
@@ -777,13 +782,16 @@ class RunningUsers:
         self._drop(user)
         state = self._users[user] = _User(current, now)
         state.tiles = {int(t["tile_start"]): t for t in tiles}
-        state.ranked = {start: _ranked_lists(t) for start, t in state.tiles.items()}
         self._count += len(state.tiles)
+        self.loads += 1
         for start, tile in state.tiles.items():
+            self._at[start].add(user)
             state.ahead |= start > current
             for w in WINDOW_SECONDS:
                 if in_window(start, current, w):
                     state.add(tile, w, 1)
+        while self._count > self.max_tiles and len(self._users) > 1:  # bounded at all times
+            self._drop(next(iter(self._users)))  # the least recently touched (not this one)
 
     def put(self, user: str, tile: Mapping[str, Any], current: int, now: float) -> None:
         """A tile the feed wrote (its full value; ``current``: the clock's tile, not before
@@ -799,9 +807,11 @@ class RunningUsers:
                 if old is not None:
                     state.add(old, w, -1)
                 state.add(tile, w, 1)
-        self._count += old is None
+        if old is None:
+            self._count += 1
+            self._at[start].add(user)
         state.tiles[start] = tile
-        state.ranked[start] = _ranked_lists(tile)
+        state.ranked.pop(start, None)
         state.touched = now
         self._users.move_to_end(user)
 
@@ -832,25 +842,27 @@ class RunningUsers:
         row["top_category"] = affinity[0][0] if affinity else None
         row["category_affinity_ids"] = [c for c, _ in affinity]
         row["category_affinity_weights"] = [w for _, w in affinity]
-        ranked = state.ranked
-        row["last_viewed_items"] = _first_distinct((ranked[s][0] for s in starts), last_items_n)
-        row["last_purchased_items"] = _first_distinct((ranked[s][1] for s in starts),
-                                                      last_items_n)
+        row["last_viewed_items"] = _first_distinct(
+            (self._ranked(state, s)[0] for s in starts), last_items_n)
+        row["last_purchased_items"] = _first_distinct(
+            (self._ranked(state, s)[1] for s in starts), last_items_n)
         row["event_timestamp"] = as_of
         return row
 
     def trim(self, current: int, now: float) -> None:
-        """As of the clock's tile ``current``: forget tiles out of every window, users idle
-        too long, then the least recently touched users while over ``max_tiles``."""
+        """As of the clock's tile ``current``: forget tiles out of every window (and users
+        left without any), users idle too long, then the least recently touched users
+        while over ``max_tiles``."""
         horizon = current - WINDOW_SECONDS[LONG_WINDOW]
-        for state in self._users.values():
-            if state.tiles and min(state.tiles) <= horizon:
-                old = [start for start in state.tiles if start <= horizon]
+        for start in sorted(s for s in self._at if s <= horizon):
+            for user in self._at.pop(start):
+                state = self._users[user]
                 self._advance(state, current)  # their sums must not hold what is forgotten
-                for start in old:
-                    del state.tiles[start]
-                    del state.ranked[start]
-                self._count -= len(old)
+                del state.tiles[start]
+                state.ranked.pop(start, None)
+                self._count -= 1
+                if not state.tiles:
+                    del self._users[user]
         while self._users:
             state = next(iter(self._users.values()))
             if (state.touched >= now - self.max_idle_s and self._count <= self.max_tiles
@@ -860,7 +872,15 @@ class RunningUsers:
 
     def clear(self) -> None:
         self._users.clear()
+        self._at.clear()
         self._count = 0
+
+    @staticmethod
+    def _ranked(state: _User, start: int) -> tuple[list[str], list[str]]:
+        ranked = state.ranked.get(start)
+        if ranked is None:
+            ranked = state.ranked[start] = _ranked_lists(state.tiles[start])
+        return ranked
 
     def _advance(self, state: _User, current: int) -> None:
         """Remove from each window the tiles that left it since the user's clock (and add
@@ -890,6 +910,12 @@ class RunningUsers:
         state = self._users.pop(user, None)
         if state is not None:
             self._count -= len(state.tiles)
+            for start in state.tiles:
+                users = self._at.get(start)
+                if users is not None:
+                    users.discard(user)
+                    if not users:
+                        del self._at[start]
 
 
 def _leaving_tiles(since: int, current: int, seconds: int, slide: int) -> range:

@@ -118,9 +118,6 @@ TOP_SHARE = 0.2
 """...and spend at most this share of the feed's time: after a ranking that took ``d``
 seconds the next waits ``d / TOP_SHARE`` (the ranking covers every item sold in the day:
 about 0.1 s for 12,000 sales keys), so tiles keep flowing however large the day gets."""
-USER_TILES_CACHED = 200_000
-"""Decoded user tiles the feed keeps in memory (:class:`~pipelines.streaming.pyfeatures.RunningUsers`;
-about 1 KB each): beyond, the least recently touched users are read from Redis again."""
 REPORT_SECONDS = 5.0
 """How often the feed writes its freshness figures to the progress hash."""
 
@@ -240,6 +237,7 @@ class RealtimeWriter:
         self.last_items_n = settings.feature_last_items_n
         self.top_n = settings.feature_top_n
         self.ttl = settings.online_ttl_seconds
+        self.user_cache_tiles = settings.stream_realtime_user_cache_tiles
         from pipelines.stream_metrics import realtime_textfile_path
 
         self.textfile = realtime_textfile_path(settings)
@@ -265,8 +263,11 @@ class RealtimeWriter:
         self._totals: SalesTotals | None = None
         self._items = RunningItems(self.slide)
         self._items_tile = 0
-        self._users = RunningUsers(self.slide, max_tiles=USER_TILES_CACHED,
+        self._users = RunningUsers(self.slide, max_tiles=self.user_cache_tiles,
                                    max_idle_s=self.ttl / 2)
+        # tiles out of every window found by a load, deleted with the next features: a
+        # user or item hash keeps the key TTL (days) from its last write, not a window
+        self._stale: list[tuple[str, list[Any]]] = []
 
     def disconnect(self) -> None:
         if self._client is not None:
@@ -320,6 +321,9 @@ class RealtimeWriter:
                                             online_writer.not_older(encoded, stamped), self.ttl)
         for row in written.meta.rows():
             online_writer.add_item_metadata(batch, row, self.ttl)
+        for name, fields in self._stale:
+            batch.add("HDEL", name, *fields)
+        self._stale = []
         batch.execute()
         done = time.time()
         self._latencies.extend(done - r["max_us"] / 1e6 for r in latest.values())
@@ -428,9 +432,9 @@ class RealtimeWriter:
         if replies[0]:
             self.snapshot_asked = True
         now = time.monotonic()
+        horizon = current - WINDOW_SECONDS[LONG_WINDOW]
         for key, stored in zip(loads, replies[marks:marks + len(loads)], strict=True):
-            self._users.load(key, [_decode_tile(v) for v in as_dict(stored).values()], current,
-                             now)
+            self._users.load(key, self._live_tiles("user", key, stored, horizon), current, now)
         user_rows = [self._users.finalize(key, as_of, last_items_n=self.last_items_n)
                      for key in users]
         changes = written.item_changes()
@@ -438,7 +442,7 @@ class RealtimeWriter:
         for key, starts, at in item_reads:
             if starts is None:  # rebuilt from what is stored now, this flush's tiles included
                 assert at is not None
-                running.rebuild(key, [_decode_tile(v) for v in as_dict(replies[at]).values()],
+                running.rebuild(key, self._live_tiles("item", key, replies[at], horizon),
                                 current)
             else:
                 mine = changes.get(key, {})
@@ -455,6 +459,20 @@ class RealtimeWriter:
                     running.replace(key, old, new)
             item_rows.append(running.finalize(key, as_of))
         return user_rows, item_rows, stamped
+
+    def _live_tiles(self, kind: str, key: str, stored: Any, horizon: int
+                    ) -> list[dict[str, Any]]:
+        """The tiles of an ``HGETALL`` reply in some window (after ``horizon``), decoded; the
+        others are only queued for deletion (up to a week of them, for an active entity)."""
+        live, stale = [], []
+        for start, value in as_dict(stored).items():
+            if int(start) > horizon:
+                live.append(_decode_tile(value))
+            else:
+                stale.append(start)
+        if stale:
+            self._stale.append((rt_tiles_key(kind, key), stale))
+        return live
 
     def snapshots_asked(self) -> dict[int, int]:
         """The snapshots asked for and not written yet: tile -> the first tile covered."""
@@ -492,7 +510,12 @@ class RealtimeWriter:
             ("total", self._latencies), ("query", self._query_s), ("feed", self._feed_s))
             if values}
         self._latencies, self._query_s, self._feed_s = [], [], []
-        fields = {"rt_tiles_written": str(tiles), "rt_updated": now.isoformat()}
+        fields = {"rt_tiles_written": str(tiles), "rt_updated": now.isoformat(),
+                  # the user cache (RunningUsers): loads growing as fast as touches mean
+                  # it is too small for the active users
+                  "rt_users_cached": str(len(self._users)),
+                  "rt_user_tiles_cached": str(self._users.tile_count),
+                  "rt_user_loads": str(self._users.loads)}
         for part, values in parts.items():
             name = "freshness" if part == "total" else part
             fields.update({f"rt_{name}_{q}_s": f"{v:.3f}"

@@ -233,6 +233,65 @@ def test_items_keep_their_windows_across_a_day_of_flushes_and_late_tiles(
         writer.disconnect()
 
 
+def test_a_new_feed_reads_only_tiles_in_a_window_and_deletes_older_ones(
+    spark: Any, settings: Settings, redis_client: Any,
+) -> None:
+    """Entity tile hashes keep the key TTL (days) from their last write. A feed that loads a
+    user or item (a restart, an eviction) decodes only the tiles of the last day, deletes
+    the older ones from Redis, and still writes the features of every tile in a window."""
+    from features.feast_layout import ITEM_STATS, USER_ACTIVITY
+    from pipelines.streaming.pyfeatures import TILE_OF_ROW, finalize_item, finalize_user, from_us
+    from pipelines.streaming.realtime import RealtimeWriter, rt_clock_key, rt_tiles_key
+    from pipelines.verify import _normalized, _read_online
+
+    events = _events(400, 37, start=AS_OF - timedelta(hours=40), span_s=40 * 3600)
+    rows = keyed_rows_of(spark, spark.createDataFrame(events, EVENT_SCHEMA))
+    first = RealtimeWriter(settings)
+    first.connect()
+    try:
+        for row in rows:
+            first.add(row)
+        first.flush(final=True)
+    finally:
+        first.disconnect()
+    clock = int(redis_client.get(rt_clock_key()))
+    newest = max(r["tile_start"] for r in rows)
+    horizon = newest - 86_400
+    assert any(r["tile_start"] <= horizon for r in rows if r["kind"] != "sales")
+
+    again = RealtimeWriter(settings)  # nothing in memory: every entity is loaded
+    again.connect()
+    try:
+        for row in rows:
+            if row["tile_start"] == newest:
+                again.add(row)
+        again.flush(final=True)
+    finally:
+        again.disconnect()
+    assert int(redis_client.get(rt_clock_key())) == clock
+    as_of = from_us(clock)
+    touched = {(r["kind"], r["key"]) for r in rows if r["tile_start"] == newest}
+    for kind, spec, finalize in (
+        ("user", USER_ACTIVITY, lambda k, t: finalize_user(
+            k, t, as_of, slide_seconds=60, last_items_n=settings.feature_last_items_n)),
+        ("item", ITEM_STATS, lambda k, t: finalize_item(k, t, as_of, slide_seconds=60)),
+    ):
+        keys = sorted(k for kd, k in touched if kd == kind)
+        assert keys, kind
+        online = _read_online(redis_client, spec, keys)
+        for key in keys:
+            mine = [r for r in rows if r["kind"] == kind and r["key"] == key]
+            stored = {int(f) for f in redis_client.hkeys(rt_tiles_key(kind, key))}
+            assert stored == {r["tile_start"] for r in mine if r["tile_start"] > horizon}, key
+            want = _normalized(spec, finalize(key, [TILE_OF_ROW[kind](r) for r in mine]))
+            got = online[key][1]
+            for name, value in want.items():
+                if isinstance(value, float):
+                    assert got[name] == pytest.approx(value, rel=1e-9, abs=1e-12), (key, name)
+                else:
+                    assert got[name] == value, (key, name)
+
+
 def _run_until_caught_up(feed: Any, timeout_s: float, what: str) -> None:
     """Start ``feed``, wait until it has applied the topic and written its snapshots, stop it."""
     feed.start()

@@ -246,6 +246,9 @@ def test_running_users_follow_the_feeds_writes_and_stay_bounded() -> None:
     cache.trim(TILE, now=104.5)  # u2 idle 100.5 s: Redis may have expired its key
     assert not cache.known("u2") and cache.known("u3") and len(cache) == 1
 
+    cache.load("u4", [_user_tile(TILE - 60 * k) for k in range(5)], TILE, now=105.0)
+    assert not cache.known("u3") and cache.known("u4") and cache.tile_count == 5  # at once
+
 
 def test_running_users_finalize_like_all_tiles_as_writes_and_the_clock_go_on() -> None:
     """Two users over a day and a half of minute tiles: tiles written (and rewritten with
@@ -303,8 +306,11 @@ def test_running_users_finalize_like_all_tiles_as_writes_and_the_clock_go_on() -
                     assert got[name] == value, (steps, user, name)
         current += slide * rnd.choice((1, 1, 1, 2, 7, 61))
         users.trim(current, now=float(steps))
+        assert users.tile_count == sum(len(users.tiles(u)) for u in stored if users.known(u))
         steps += 1
     assert steps > 200
+    assert not users.known("a")  # nothing of it left in any window: forgotten
+    users.load("a", stored["a"].values(), current, now=float(steps))
     row = users.finalize("a", pyf.from_us(current * 1_000_000), last_items_n=3)
     assert row["views_24h"] == 0 and row["spend_24h"] == 0.0 and row["top_category"] is None
     assert row["distinct_items_viewed_1h"] == 0 and row["last_viewed_items"] == []
