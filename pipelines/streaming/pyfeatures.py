@@ -790,8 +790,6 @@ class RunningUsers:
             for w in WINDOW_SECONDS:
                 if in_window(start, current, w):
                     state.add(tile, w, 1)
-        while self._count > self.max_tiles and len(self._users) > 1:  # bounded at all times
-            self._drop(next(iter(self._users)))  # the least recently touched (not this one)
 
     def put(self, user: str, tile: Mapping[str, Any], current: int, now: float) -> None:
         """A tile the feed wrote (its full value; ``current``: the clock's tile, not before
@@ -868,6 +866,12 @@ class RunningUsers:
             if (state.touched >= now - self.max_idle_s and self._count <= self.max_tiles
                     and state.tiles):
                 break
+            self._drop(next(iter(self._users)))
+
+    def bound(self) -> None:
+        """Drop the least recently touched users while over ``max_tiles``: called once the
+        users a flush touched are finalized (one flush may go over, none stays over)."""
+        while self._count > self.max_tiles and self._users:
             self._drop(next(iter(self._users)))
 
     def clear(self) -> None:

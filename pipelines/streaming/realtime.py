@@ -437,6 +437,7 @@ class RealtimeWriter:
             self._users.load(key, self._live_tiles("user", key, stored, horizon), current, now)
         user_rows = [self._users.finalize(key, as_of, last_items_n=self.last_items_n)
                      for key in users]
+        self._users.bound()
         changes = written.item_changes()
         item_rows = []
         for key, starts, at in item_reads:

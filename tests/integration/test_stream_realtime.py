@@ -292,6 +292,32 @@ def test_a_new_feed_reads_only_tiles_in_a_window_and_deletes_older_ones(
                     assert got[name] == value, (key, name)
 
 
+def test_a_user_cache_smaller_than_one_flush_still_writes_every_user(
+    spark: Any, settings: Settings, redis_client: Any,
+) -> None:
+    """SHOPSTREAM_STREAM_REALTIME_USER_CACHE_TILES below what one flush loads: the cache
+    goes over for the flush and back under after it; every touched user is online."""
+    from features.feast_layout import USER_ACTIVITY
+    from pipelines.streaming.realtime import RealtimeWriter
+    from pipelines.verify import _read_online
+
+    rows, _, _ = _rows_and_last(spark)
+    users = sorted({r["key"] for r in rows if r["kind"] == "user"})
+    assert len(users) > 1
+    writer = RealtimeWriter(settings.model_copy(update={"stream_realtime_user_cache_tiles": 1}))
+    writer.connect()
+    try:
+        for row in rows:
+            writer.add(row)
+        writer.flush(final=True)
+        assert len(writer._users) <= 1
+        online = _read_online(redis_client, USER_ACTIVITY, users)
+        assert all(online[u][1]["views_24h"] + online[u][1]["carts_24h"]
+                   + online[u][1]["purchases_24h"] > 0 for u in users)
+    finally:
+        writer.disconnect()
+
+
 def _run_until_caught_up(feed: Any, timeout_s: float, what: str) -> None:
     """Start ``feed``, wait until it has applied the topic and written its snapshots, stop it."""
     feed.start()

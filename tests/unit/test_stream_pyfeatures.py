@@ -247,7 +247,10 @@ def test_running_users_follow_the_feeds_writes_and_stay_bounded() -> None:
     assert not cache.known("u2") and cache.known("u3") and len(cache) == 1
 
     cache.load("u4", [_user_tile(TILE - 60 * k) for k in range(5)], TILE, now=105.0)
-    assert not cache.known("u3") and cache.known("u4") and cache.tile_count == 5  # at once
+    assert cache.known("u3") and cache.tile_count == 6  # over until the flush is finalized
+    assert cache.finalize("u4", T, last_items_n=3)["views_1h"] == 5
+    cache.bound()
+    assert not cache.known("u3") and cache.known("u4") and cache.tile_count == 5
 
 
 def test_running_users_finalize_like_all_tiles_as_writes_and_the_clock_go_on() -> None:
