@@ -53,6 +53,23 @@ def _rt_rows(spark: Any, events: Any) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def _flush_rows(writer: Any, rows: Any) -> None:
+    """Add every tile row to a connected ``RealtimeWriter`` and flush them as a final flush."""
+    for row in rows:
+        writer.add(row)
+    writer.flush(final=True)
+
+
+def _assert_online_equals(got: dict[str, Any], want: dict[str, Any], key: str) -> None:
+    """Online features read back equal the expected ones: floats to 1e-9, the rest exactly."""
+    assert got.keys() >= want.keys(), key
+    for name, value in want.items():
+        if isinstance(value, float):
+            assert got[name] == pytest.approx(value, rel=1e-9, abs=1e-12), (key, name)
+        else:
+            assert got[name] == value, (key, name)
+
+
 def test_one_aggregation_gives_the_tiles_of_features_tiles(spark: Any) -> None:
     from features.tiles import item_tiles, sales_tiles, user_tiles
 
@@ -210,10 +227,9 @@ def test_items_keep_their_windows_across_a_day_of_flushes_and_late_tiles(
             every = keyed_rows_of(spark, spark.createDataFrame(seen, EVENT_SCHEMA))
             touched = {(r["kind"], r["key"], r["tile_start"])
                        for r in keyed_rows_of(spark, spark.createDataFrame(part, EVENT_SCHEMA))}
-            for row in every:  # full tiles, as the Real-time query emits them
-                if (row["kind"], row["key"], row["tile_start"]) in touched:
-                    writer.add(row)
-            writer.flush(final=True)
+            # full tiles, as the Real-time query emits them
+            _flush_rows(writer, [row for row in every
+                                 if (row["kind"], row["key"], row["tile_start"]) in touched])
             as_of = from_us(int(redis_client.get(rt_clock_key())))
             items = sorted({key for kind, key, _ in touched if kind == "item"})
             online = _read_online(redis_client, ITEM_STATS, items)
@@ -221,13 +237,8 @@ def test_items_keep_their_windows_across_a_day_of_flushes_and_late_tiles(
                 tiles = [TILE_OF_ROW["item"](r) for r in every
                          if r["kind"] == "item" and r["key"] == item]
                 want = _normalized(ITEM_STATS, finalize_item(item, tiles, as_of, slide_seconds=60))
-                got = online[item][1]
-                assert got.keys() == want.keys()
-                for name, value in want.items():
-                    if isinstance(value, float):
-                        assert got[name] == pytest.approx(value, rel=1e-9, abs=1e-12), (item, name)
-                    else:
-                        assert got[name] == value, (item, name)
+                assert online[item][1].keys() == want.keys()
+                _assert_online_equals(online[item][1], want, item)
         assert len(writer._items) > 0
     finally:
         writer.disconnect()
@@ -249,9 +260,7 @@ def test_a_new_feed_reads_only_tiles_in_a_window_and_deletes_older_ones(
     first = RealtimeWriter(settings)
     first.connect()
     try:
-        for row in rows:
-            first.add(row)
-        first.flush(final=True)
+        _flush_rows(first, rows)
     finally:
         first.disconnect()
     clock = int(redis_client.get(rt_clock_key()))
@@ -262,10 +271,7 @@ def test_a_new_feed_reads_only_tiles_in_a_window_and_deletes_older_ones(
     again = RealtimeWriter(settings)  # nothing in memory: every entity is loaded
     again.connect()
     try:
-        for row in rows:
-            if row["tile_start"] == newest:
-                again.add(row)
-        again.flush(final=True)
+        _flush_rows(again, [row for row in rows if row["tile_start"] == newest])
     finally:
         again.disconnect()
     assert int(redis_client.get(rt_clock_key())) == clock
@@ -284,12 +290,7 @@ def test_a_new_feed_reads_only_tiles_in_a_window_and_deletes_older_ones(
             stored = {int(f) for f in redis_client.hkeys(rt_tiles_key(kind, key))}
             assert stored == {r["tile_start"] for r in mine if r["tile_start"] > horizon}, key
             want = _normalized(spec, finalize(key, [TILE_OF_ROW[kind](r) for r in mine]))
-            got = online[key][1]
-            for name, value in want.items():
-                if isinstance(value, float):
-                    assert got[name] == pytest.approx(value, rel=1e-9, abs=1e-12), (key, name)
-                else:
-                    assert got[name] == value, (key, name)
+            _assert_online_equals(online[key][1], want, key)
 
 
 def test_a_user_cache_smaller_than_one_flush_still_writes_every_user(
@@ -307,9 +308,7 @@ def test_a_user_cache_smaller_than_one_flush_still_writes_every_user(
     writer = RealtimeWriter(settings.model_copy(update={"stream_realtime_user_cache_tiles": 1}))
     writer.connect()
     try:
-        for row in rows:
-            writer.add(row)
-        writer.flush(final=True)
+        _flush_rows(writer, rows)
         assert len(writer._users) <= 1
         online = _read_online(redis_client, USER_ACTIVITY, users)
         assert all(online[u][1]["views_24h"] + online[u][1]["carts_24h"]
@@ -341,13 +340,9 @@ def _two_flushes(spark: Any, settings: Settings) -> tuple[list[dict[str, Any]],
     writer = RealtimeWriter(settings)
     writer.connect()
     try:
-        for row in early:
-            writer.add(row)
-        writer.flush(final=True)
+        _flush_rows(writer, early)
         assert not writer.snapshot_asked, "a snapshot asked for by the first flush"
-        for row in later:
-            writer.add(row)
-        writer.flush(final=True)
+        _flush_rows(writer, later)
         assert writer.snapshot_asked
     finally:
         writer.disconnect()
