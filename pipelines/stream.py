@@ -48,7 +48,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -535,11 +535,13 @@ def ship_code(spark: SparkSession) -> str:
 
 def start_stream(spark: SparkSession, settings: Settings, options: StreamOptions,
                  recorder: MetricsRecorder,
-                 processor: BatchProcessor | None = None) -> StreamingQuery:
+                 processor: BatchProcessor | None = None,
+                 trigger_seconds: float | None = None) -> StreamingQuery:
     """Build and start the micro-batch query (returns at once).
 
     ``processor``: the ``foreachBatch`` function (default: a new one); the caller
-    :meth:`BatchProcessor.close` s it once the query has stopped.
+    :meth:`BatchProcessor.close` s it once the query has stopped. ``trigger_seconds``:
+    default ``stream_trigger_seconds`` (:func:`trigger_seconds_of`).
     """
     checkpoint = query_checkpoint(settings)
     records = checked_records(read_kafka(spark, settings), settings)
@@ -554,11 +556,31 @@ def start_stream(spark: SparkSession, settings: Settings, options: StreamOptions
     if options.stop == "available_now":
         writer = writer.trigger(availableNow=True)
     else:
-        writer = writer.trigger(processingTime=f"{settings.stream_trigger_seconds} seconds")
+        seconds = settings.stream_trigger_seconds if trigger_seconds is None else trigger_seconds
+        writer = writer.trigger(processingTime=f"{seconds} seconds")
     with scheduler_pool(spark, STREAM_POOL):
         query = writer.start()
     processor.query = query  # its batches hold for a graceful stop (stop_gracefully)
     return query
+
+
+def trigger_seconds_of(settings: Settings, realtime: bool) -> float:
+    """The micro-batch query's trigger interval: ``stream_trigger_seconds``, or, beside a
+    Real-time query (which serves the online features), the longer
+    ``stream_realtime_offline_trigger_seconds`` for the Parquet sinks alone."""
+    return (settings.stream_realtime_offline_trigger_seconds if realtime
+            else settings.stream_trigger_seconds)
+
+
+def idle_wait_seconds(idle_seconds: float, trigger_seconds: float) -> float:
+    """How long the job must look idle before ``--until-idle`` stops it: the query learns
+    of new input only when it triggers, so a wait shorter than a trigger interval could
+    stop it with input waiting (processed by the next start, but not "idle")."""
+    return max(idle_seconds, trigger_seconds + IDLE_MARGIN_SECONDS)
+
+
+IDLE_MARGIN_SECONDS = 2.0
+"""Beyond one trigger interval: time for the trigger's check of Kafka to complete."""
 
 
 def _caught_up(query: StreamingQuery) -> bool:
@@ -615,11 +637,16 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
                                     timeout_seconds=options.timeout_seconds)
         processor = BatchProcessor(settings, query_checkpoint(settings), recorder,
                                    online=options.online, snapshots=options.snapshots)
-        query = start_stream(spark, settings, options, recorder, processor)
+        trigger_seconds = trigger_seconds_of(settings, realtime=rtm is not None)
+        query = start_stream(spark, settings, options, recorder, processor, trigger_seconds)
         log.info("stream %s started: topic %s, checkpoint %s, trigger %s", QUERY_NAME,
                  settings.kafka_topic_events, query_checkpoint(settings),
                  "availableNow" if options.stop == "available_now"
-                 else f"{settings.stream_trigger_seconds}s")
+                 else f"{trigger_seconds}s" + (" (Parquet sinks; the online path in Real-time "
+                                               "Mode)" if rtm is not None else ""))
+        if options.stop == "idle":
+            options = replace(options, idle_seconds=idle_wait_seconds(options.idle_seconds,
+                                                                      trigger_seconds))
         recorder.publish_state("running")
         state = "failed"
         if on_started is not None:

@@ -529,3 +529,6 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
     check_stores(spark, settings, expected_outcome(first))
     assert redis_client.hlen(asked) == 0, "snapshots asked for and not written"
     assert "real-time: feature snapshot of the tiles" in log_path.read_text()
+    # the Parquet sinks' query ran at its own, longer trigger beside the Real-time query
+    logged = " ".join(log_path.read_text().split())  # the console log wraps long lines
+    assert f"trigger {settings.stream_realtime_offline_trigger_seconds}s (Parquet sinks" in logged

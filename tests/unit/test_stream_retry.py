@@ -94,3 +94,27 @@ def test_a_failed_top_run_that_is_not_an_outage_fails_the_batch(tmp_path) -> Non
     online.submit_top(_fail, error=ValueError("corrupt top base"))
     with pytest.raises(ValueError, match="corrupt top base"):
         online.close()
+
+
+def test_beside_a_real_time_query_the_parquet_query_triggers_at_its_own_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pipelines.stream import trigger_seconds_of
+
+    monkeypatch.delenv("SHOPSTREAM_STREAM_REALTIME_OFFLINE_TRIGGER_SECONDS", raising=False)
+    assert trigger_seconds_of(Settings(_env_file=None), realtime=True) == 10.0
+    monkeypatch.setenv("SHOPSTREAM_STREAM_REALTIME_OFFLINE_TRIGGER_SECONDS", "30")
+    settings = Settings(_env_file=None, stream_trigger_seconds=0.5)
+    assert trigger_seconds_of(settings, realtime=False) == 0.5
+    assert trigger_seconds_of(settings, realtime=True) == 30.0
+
+
+@pytest.mark.parametrize(("idle", "trigger", "wait"), [
+    (12.0, 1.0, 12.0),   # the usual case: the idle time asked for
+    (12.0, 10.0, 12.0),  # a trigger fires (and sees new input) within the idle time
+    (5.0, 10.0, 12.0),   # shorter than a trigger: stretched past the next trigger's check
+])
+def test_until_idle_waits_past_the_next_trigger(idle: float, trigger: float, wait: float) -> None:
+    from pipelines.stream import idle_wait_seconds
+
+    assert idle_wait_seconds(idle, trigger) == wait
