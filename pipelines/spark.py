@@ -17,7 +17,8 @@ from pipelines.settings import Settings
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["spark_session", "inheriting", "detached", "scheduler_pool", "STREAM_POOL", "BACKGROUND_POOL"]
+__all__ = ["spark_session", "inheriting", "detached", "scheduler_pool", "quiet_loggers", "STREAM_POOL",
+           "BACKGROUND_POOL"]
 
 STREAM_POOL = "stream"
 """Fair-scheduler pool of the streaming queries: first claim on every free task slot."""
@@ -128,3 +129,23 @@ def detached(spark: SparkSession, fn: Callable[..., Any], group: str,
         return fn(*args, **kwargs)
 
     return run
+
+
+@contextmanager
+def quiet_loggers(spark: SparkSession, names: tuple[str, ...]) -> Iterator[None]:
+    """Spark's (log4j2) loggers ``names`` off for the block, then back to their levels.
+
+    For errors Spark logs on a deliberate action, e.g. the stack traces of every task
+    of a Real-time query it stops mid-epoch; the caller logs one line in their place.
+    """
+    jvm = spark.sparkContext._jvm
+    log4j = jvm.org.apache.logging.log4j
+    configurator = log4j.core.config.Configurator
+    before = {name: log4j.LogManager.getLogger(name).getLevel() for name in names}
+    for name in names:
+        configurator.setLevel(name, log4j.Level.OFF)
+    try:
+        yield
+    finally:
+        for name, level in before.items():
+            configurator.setLevel(name, level)

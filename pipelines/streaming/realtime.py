@@ -73,7 +73,7 @@ import orjson
 from features.windows import LONG_WINDOW, WINDOW_SECONDS
 from pipelines.redis_batch import CommandBatch, as_dict
 from pipelines.settings import Settings
-from pipelines.spark import STREAM_POOL, detached, scheduler_pool
+from pipelines.spark import STREAM_POOL, detached, quiet_loggers, scheduler_pool
 from pipelines.stream import is_redis_outage, redis_outage_of
 from pipelines.stream_state import DIRTY_TTL_SECONDS, dirty_key
 from pipelines.streaming.pyfeatures import (
@@ -744,9 +744,12 @@ def ensure_topic(settings: Settings) -> None:
 class RealtimeQuery:
     """The running Real-time query and its feed, with the hooks :func:`pipelines.stream.run_stream` uses."""
 
-    def __init__(self, query: StreamingQuery, feed: TileFeed) -> None:
+    def __init__(self, query: StreamingQuery, feed: TileFeed, spark: SparkSession | None = None,
+                 checkpoint_seconds: int | None = None) -> None:
         self.query = query
         self.feed = feed
+        self.spark = spark
+        self.checkpoint_seconds = checkpoint_seconds
 
     def caught_up(self) -> bool:
         if self.query.exception() is not None:
@@ -756,11 +759,57 @@ class RealtimeQuery:
                 and self.feed.caught_up())
 
     def stop(self) -> None:
+        """Stop the query, then the feed. A Real-time epoch runs until its checkpoint, so the
+        stop lands mid-epoch: Spark aborts it and logs every task's abort as an ERROR with
+        its stack; one INFO line says what that means instead (nothing is lost: the epoch's
+        input is read again on the next start, and its full tiles rewrite the same values)."""
         try:
             if self.query.isActive:
-                self.query.stop()
+                log.info("real-time query %s: stopping mid-epoch; its input since the last "
+                         "checkpoint (at most %ss) is read again at the next start, with the "
+                         "same results", QUERY_NAME, self.checkpoint_seconds or "?")
+                if self.spark is None:
+                    self.query.stop()
+                else:
+                    group = str(self.query.runId)  # the job group of the query's epochs
+                    with quiet_loggers(self.spark, STOP_NOISE_LOGGERS):
+                        self.query.stop()
+                        _await_tasks(self.spark, group, STOP_TASKS_SECONDS)
         finally:
             self.feed.stop()
+
+
+STOP_TASKS_SECONDS = 10.0
+"""How long a stop waits for the aborted epoch's tasks to end (they log their aborts
+after ``query.stop()`` returns) before Spark's loggers are turned back on."""
+
+
+def _await_tasks(spark: SparkSession, group: str, timeout_s: float) -> None:
+    """Until no stage of the job group ``group`` has a running task, or ``timeout_s``."""
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        running = 0
+        for job_id in tracker.getJobIdsForGroup(group):
+            job = tracker.getJobInfo(job_id)
+            for stage_id in job.stageIds if job is not None else ():
+                stage = tracker.getStageInfo(stage_id)
+                running += stage.numActiveTasks if stage is not None else 0
+        if not running:
+            return
+        time.sleep(0.1)
+
+
+STOP_NOISE_LOGGERS = (
+    "org.apache.spark.broadcast.TorrentBroadcast",
+    "org.apache.spark.sql.execution.datasources.v2.WriteToDataSourceV2Exec",
+    "org.apache.spark.sql.execution.datasources.v2.DataWritingSparkTask",
+    "org.apache.spark.util.ErrorNotifier",
+    "org.apache.spark.util.Utils",
+)
+"""Where Spark logs the aborted epoch of a Real-time query stopped on purpose (an
+``InterruptedException`` per task, "streaming shuffle writer closed before termination",
+a broadcast of the next epoch's plan interrupted)."""
 
 
 def required_slots(settings: Settings) -> int:
@@ -839,4 +888,4 @@ def start_realtime(spark: SparkSession, settings: Settings, *,
         spark.conf.set("spark.sql.shuffle.partitions", previous)
     log.info("real-time online query %s started (checkpoint every %ss), tiles via %s",
              QUERY_NAME, settings.stream_realtime_checkpoint_seconds, settings.kafka_topic_rt_tiles)
-    return RealtimeQuery(query, feed)
+    return RealtimeQuery(query, feed, spark, settings.stream_realtime_checkpoint_seconds)

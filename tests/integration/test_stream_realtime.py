@@ -500,7 +500,7 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
     job starts, the rest once the feed has written them, so the clock enters new tiles
     after the feed's first flush and snapshots are due (one flush of everything asks for
     none)."""
-    from pipelines.streaming.realtime import required_slots, rt_snapshot_keys
+    from pipelines.streaming.realtime import STOP_NOISE_LOGGERS, required_slots, rt_snapshot_keys
 
     topic = f"rtm.{tmp_path.name[-20:]}".replace("_", "-")
     settings = stream_settings(make_settings, tmp_path, topic, stream_mode="realtime",
@@ -532,3 +532,9 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
     # the Parquet sinks' query ran at its own, longer trigger beside the Real-time query
     logged = " ".join(log_path.read_text().split())  # the console log wraps long lines
     assert f"trigger {settings.stream_realtime_offline_trigger_seconds}s (Parquet sinks" in logged
+    # the stop lands mid-epoch: one line says so, none of Spark's per-task abort traces
+    assert "stopping mid-epoch" in logged
+    noise = [line for line in log_path.read_text().splitlines()
+             if " ERROR " in line and any(line.split(" ERROR ")[1].startswith(name.rsplit(".", 1)[1])
+                                          for name in STOP_NOISE_LOGGERS)]
+    assert not noise, noise[:5]
