@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -30,7 +31,8 @@ from typing import Any
 
 from benchmarks.common import RESULTS_DIR, describe_meta, machine_meta, read_result, write_result
 
-__all__ = ["BENCHMARKS", "DEFAULT_ARGS", "SMOKE_ARGS", "START", "END", "render_block", "rewrite_readme", "main"]
+__all__ = ["BENCHMARKS", "DEFAULT_ARGS", "SMOKE_ARGS", "START", "END", "render_block", "rewrite_readme",
+           "previous_tables", "main"]
 
 BENCHMARKS = ("streaming_throughput", "serving_latency", "training")
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -86,13 +88,37 @@ def rewrite_readme(text: str, block: str) -> str:
     return f"{head}{START}\n{block.strip()}\n{END}{tail}"
 
 
-def _tables(results_dir: Path) -> list[str]:
-    """The latest table of each known benchmark (README form: no image links), in order."""
+SECTION_HEADINGS = {"streaming_throughput": "### Streaming", "serving_latency": "### Serving",
+                    "training": "### Training"}
+"""How each benchmark's table starts in the README block (its result's title)."""
+
+
+def previous_tables(text: str) -> dict[str, str]:
+    """The table of each benchmark in the README's current block, by benchmark name.
+
+    Why: results live under ``benchmarks/results/`` (not in git), so on a new checkout
+    running one benchmark has no file for the others; their tables are kept as the
+    README shows them (each with its own date and commit line) instead of being lost.
+    """
+    if text.count(START) != 1 or text.count(END) != 1:
+        return {}
+    block = text.split(START, 1)[1].split(END, 1)[0]
+    found: dict[str, str] = {}
+    for section in re.split(r"(?m)^(?=### )", block):
+        for name, heading in SECTION_HEADINGS.items():
+            if section.startswith(heading):
+                found[name] = section.strip()
+    return found
+
+
+def _tables(results_dir: Path, previous: Mapping[str, str] | None = None) -> list[str]:
+    """The latest table of each known benchmark (README form: no image links), in order;
+    one without a result file keeps its table from ``previous`` (:func:`previous_tables`)."""
     tables = []
     for name in BENCHMARKS:
         path = results_dir / f"{name}.json"
         if not path.exists():
-            tables.append(f"### {name}\n\nNot run yet.")
+            tables.append((previous or {}).get(name) or f"### {name}\n\nNot run yet.")
             continue
         result, meta = read_result(path)
         tables.append(result.markdown(plots=False).strip() + f"\n\n_{describe_meta(meta)}_")
@@ -114,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown benchmark(s) {unknown}; expected some of {', '.join(BENCHMARKS)}")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     meta = machine_meta()  # load average at the start, before our own work adds to it
+    previous = (previous_tables(args.readme.read_text())
+                if not args.no_readme and args.readme.exists() else {})
     failed = []
     for name in args.names:
         module = importlib.import_module(f"benchmarks.{name}")
@@ -129,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"   wrote {write_result(result, args.results_dir)} "
               f"({time.monotonic() - started:.0f} s)", flush=True)
-    tables = _tables(args.results_dir)
+    tables = _tables(args.results_dir, previous)
     (args.results_dir).mkdir(parents=True, exist_ok=True)
     (args.results_dir / "README.md").write_text(
         "# Benchmark results\n\n" + render_block(tables, meta=meta) + "\n")

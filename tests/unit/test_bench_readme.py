@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.common import BenchResult
-from benchmarks.run_all import END, START, render_block, rewrite_readme
+from benchmarks.run_all import END, START, _tables, previous_tables, render_block, rewrite_readme
 
 META = {"when": "2026-11-22T17:00:00+00:00", "cores": 2, "load_average": [0.5, 0.75, 1.0],
         "commit": "abc1234"}
@@ -102,3 +102,19 @@ def test_table_has_every_rows_columns() -> None:
     header = result.markdown().splitlines()[2]
     assert header == "| system | events_per_s | p99_s |"
     assert "| b | None | 0.500 |" in result.markdown()
+
+
+def test_a_benchmark_without_a_result_file_keeps_its_table(tmp_path: Path) -> None:
+    """One benchmark run on a new checkout (results are not in git): the others' tables
+    stay as the README shows them, not "Not run yet"."""
+    readme = rewrite_readme(OLD, render_block(
+        [_table("Streaming: events/s", 5.0) + "\n\n_streaming at abc1234_",
+         _table("Serving: one user", 7.0) + "\n\n_serving at abc1234_"], meta=META))
+    kept = previous_tables(readme)
+    assert set(kept) == {"streaming_throughput", "serving_latency"}
+    assert "| ours | 7.000 |" in kept["serving_latency"] and "_serving at abc1234_" in kept["serving_latency"]
+    assert "Streaming" not in kept["serving_latency"]
+    tables = _tables(tmp_path, kept)  # no result files at all
+    assert tables[1] == kept["serving_latency"]
+    assert tables[2] == "### training\n\nNot run yet."
+    assert previous_tables("no markers\n") == {}
