@@ -744,8 +744,8 @@ def ensure_topic(settings: Settings) -> None:
 class RealtimeQuery:
     """The running Real-time query and its feed, with the hooks :func:`pipelines.stream.run_stream` uses."""
 
-    def __init__(self, query: StreamingQuery, feed: TileFeed, spark: SparkSession | None = None,
-                 checkpoint_seconds: int | None = None) -> None:
+    def __init__(self, query: StreamingQuery, feed: TileFeed, spark: SparkSession,
+                 checkpoint_seconds: int) -> None:
         self.query = query
         self.feed = feed
         self.spark = spark
@@ -767,14 +767,11 @@ class RealtimeQuery:
             if self.query.isActive:
                 log.info("real-time query %s: stopping mid-epoch; its input since the last "
                          "checkpoint (at most %ss) is read again at the next start, with the "
-                         "same results", QUERY_NAME, self.checkpoint_seconds or "?")
-                if self.spark is None:
+                         "same results", QUERY_NAME, self.checkpoint_seconds)
+                group = str(self.query.runId)  # the job group of the query's epochs
+                with quiet_loggers(self.spark, STOP_NOISE_LOGGERS):
                     self.query.stop()
-                else:
-                    group = str(self.query.runId)  # the job group of the query's epochs
-                    with quiet_loggers(self.spark, STOP_NOISE_LOGGERS):
-                        self.query.stop()
-                        _await_tasks(self.spark, group, STOP_TASKS_SECONDS)
+                    _await_tasks(self.spark, group, STOP_TASKS_SECONDS)
         finally:
             self.feed.stop()
 
