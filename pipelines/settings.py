@@ -108,6 +108,13 @@ class Settings(BaseSettings):
     spark_driver_java_options: str = ""
     """More JVM options for the driver (``spark.driver.extraJavaOptions``, after the
     project's own), e.g. GC or JIT flags."""
+    spark_codegen_huge_method_limit: int = Field(default=8_000, ge=1, le=65_535)
+    """``spark.sql.codegen.hugeMethodLimit``: a whole-stage-generated method longer than
+    this (bytecode) runs Spark's per-operator code instead. HotSpot never JIT-compiles a
+    method over 8,000 bytes (``-XX:+DontCompileHugeMethods``), and the validation stage's
+    is about 15,000 (47 ordered rules): at Spark's default (65,535) it ran interpreted,
+    the largest single cost of a micro-batch. Spark's documentation suggests 8,000 on
+    HotSpot."""
     spark_kafka_connector_version: str | None = None
     """Version of ``spark-sql-kafka-0-10``; default: the installed pyspark's, falling back
     to the newest release that Maven Central has when that one is not published yet."""

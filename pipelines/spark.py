@@ -54,6 +54,7 @@ def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bo
         # whatever ``python3`` is first on PATH
         .config("spark.pyspark.python", sys.executable)
         .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.sql.codegen.hugeMethodLimit", str(settings.spark_codegen_huge_method_limit))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         # off by default: see Settings.spark_dataframe_debugging (a static conf)

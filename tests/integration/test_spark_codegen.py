@@ -87,3 +87,41 @@ def test_the_late_split_generates_the_same_code_for_every_cut(spark: Any) -> Non
         set(), {"e0", "e1"}, {"e0", "e1", "e2", "e3", "e4"}]
     codes = {_stage_code(f, "unix_micros") for f in frames}  # the plans as they ran
     assert len(codes) == 1, "the cut is written into the batch projection's code"
+
+
+HOTSPOT_HUGE_METHOD = 8_000
+"""HotSpot's ``HugeMethodLimit`` (bytes of bytecode): with ``-XX:+DontCompileHugeMethods``,
+its default, a longer method is never JIT-compiled and runs in the interpreter."""
+
+
+def test_no_whole_stage_method_of_the_validation_runs_interpreted(spark: Any) -> None:
+    """The validation stage (47 ordered rules over 11 fields) generates one method of
+    about 15,000 bytes; a stream task calls it once for its whole partition, so HotSpot
+    interpreted it for every record, 40 % of the stream's JVM samples (JFR). The session
+    falls back to Spark's per-operator code above ``spark_codegen_huge_method_limit``: no
+    whole-stage subtree of the validation may be longer than HotSpot compiles yet short
+    enough to run, and the verdicts stay those of the contract."""
+    from pyspark.sql import functions as F
+
+    from features.validation import with_verdict
+
+    limit = int(spark.conf.get("spark.sql.codegen.hugeMethodLimit"))
+    now = datetime(2026, 11, 1, 10, tzinfo=UTC)
+    good = (b'{"event_id":"e1","event_type":"view","event_time":"2026-11-01T09:59:00Z",'
+            b'"user_id":"u1","session_id":"s1","item_id":"i1","category_id":"c1",'
+            b'"region":"UK","device":"web"}')
+    rows = [(b"u1", good, "t", 0, 0, now), (b"u1", b'{"event_id": 7}', "t", 0, 1, now),
+            (b"u1", b"not json", "t", 0, 2, now)]
+    raw = spark.createDataFrame(rows, "key binary, value binary, topic string, partition int, "
+                                      "offset bigint, timestamp timestamp")
+    checked = with_verdict(raw, now=F.col("timestamp"))
+    assert [(r["offset"], r["reason"]) for r in checked.orderBy("offset").collect()] == [
+        (0, None), (1, "wrong_type"), (2, "invalid_json")]
+
+    stages = checked._jdf.queryExecution().debug().codegenToSeq()
+    sizes = [int(stages.apply(i)._3().maxMethodCodeSize()) for i in range(stages.length())]
+    assert sizes, "the validation generated no whole-stage code"
+    interpreted = [s for s in sizes if HOTSPOT_HUGE_METHOD < s <= limit]
+    assert not interpreted, (f"whole-stage methods of {interpreted} bytes run as generated, "
+                             f"uncompiled by HotSpot (limit {limit})")
+
