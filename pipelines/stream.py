@@ -285,6 +285,16 @@ def redis_outage_of(future: Future[Any]) -> BaseException | None:
     return None
 
 
+def _ended(write: Callable[..., None]) -> Callable[..., float]:
+    """``write``, returning when it ended (epoch s): the sinks' share of a batch."""
+
+    def run(*args: Any, **kwargs: Any) -> float:
+        write(*args, **kwargs)
+        return time.time()
+
+    return run
+
+
 # ----------------------------------------------------------- foreachBatch
 @dataclass(frozen=True)
 class _BatchColumns:
@@ -438,6 +448,7 @@ class BatchProcessor:
         checked = batch.crossJoin(threshold).select(*cols.checked).observe(
             observation, *cols.figures).localCheckpoint(eager=True)
         stats = observation.get
+        read_s = time.time() - started
         rows = int(stats.get("rows") or 0)
         invalid = int(stats.get("invalid") or 0)
         n_late = int(stats.get("late") or 0)
@@ -448,6 +459,8 @@ class BatchProcessor:
         snapshot = previous.snapshot if previous else None
 
         online_done: float | None = None
+        online_s: float | None = None
+        offline_s: float | None = None
         try:
             if rows:
                 events = checked.where(cols.on_time).select(*_EVENT_COLUMNS)
@@ -455,24 +468,28 @@ class BatchProcessor:
                 # each batch replacing its own files on a replay
                 with ThreadPoolExecutor(max_workers=2, thread_name_prefix="sink") as pool:
                     sinks = []
+                    sinks_from = time.time()
                     if n_on_time:
-                        sinks.append(pool.submit(inheriting(spark, write_events_batch), events,
-                                                 self.settings, batch_id))
+                        sinks.append(pool.submit(inheriting(spark, _ended(write_events_batch)),
+                                                 events, self.settings, batch_id))
                     if invalid or n_late:
                         sinks.append(pool.submit(
-                            inheriting(spark, write_quarantine_batch),
+                            inheriting(spark, _ended(write_quarantine_batch)),
                             quarantine_rows(checked.where(~cols.on_time)), self.settings, batch_id))
                     # b. online: tiles -> features -> Redis (the latency-sensitive path)
                     if self.online and clock is not None:
                         before = snapshot
+                        online_from = time.time()
                         snapshot = self._redis_retrying(batch_id, lambda: self._online_writer().apply(
                             spark, events, batch_id=batch_id, as_of_us=clock,
                             prev_as_of_us=prev_clock, has_events=n_on_time > 0,
                             has_purchases=int(stats.get("purchases") or 0) > 0,
                             snapshot=before, snapshots=self.snapshots, batch_log=batch_log))
                         online_done = time.time()
-                    for sink in sinks:
-                        sink.result()
+                        online_s = online_done - online_from
+                    ends = [sink.result() for sink in sinks]
+                    if ends:
+                        offline_s = max(ends) - sinks_from
             batch_log.write(BatchRecord(batch_id, clock, snapshot))
         finally:
             release(checked)
@@ -486,7 +503,8 @@ class BatchProcessor:
         self.recorder.record_batch(BatchStats(
             batch_id=batch_id, rows=rows, valid=rows - invalid, quarantined=invalid + n_late,
             late=n_late, on_time=n_on_time, clock_us=clock, freshness_s=freshness,
-            foreach_seconds=time.time() - started,
+            foreach_seconds=time.time() - started, read_seconds=read_s, online_seconds=online_s,
+            offline_seconds=offline_s,
         ))
         self.hold_if_stopping(batch_id)
 

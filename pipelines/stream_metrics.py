@@ -75,6 +75,12 @@ class BatchStats:
     freshness_s: tuple[float, float, float] | None
     """(p50, p99, max) of online write time minus event time, over the on-time events."""
     foreach_seconds: float
+    read_seconds: float | None = None
+    """Kafka read, validation and dedup, up to the batch held in memory (its first Spark job)."""
+    online_seconds: float | None = None
+    """The online path (tiles, features, Redis); ``None`` when it did not run."""
+    offline_seconds: float | None = None
+    """The Parquet sinks, from their start until both ended (they run beside the online path)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +103,11 @@ class BatchMetrics:
     state_rows: int
     timestamp: str
     mode: str = "microbatch"
+    read_s: float | None = None
+    online_s: float | None = None
+    offline_s: float | None = None
+    """Where the batch's time went (:class:`BatchStats`): which part to look at when a
+    batch takes longer than the trigger."""
 
     def as_fields(self) -> dict[str, str]:
         return {k: "" if v is None else str(v) for k, v in asdict(self).items()}
@@ -180,7 +191,15 @@ def format_batch_line(m: BatchMetrics) -> str:
     return (f"batch {m.batch_id}: {m.input_rows} rows in {m.batch_duration_ms / 1000:.2f}s "
             f"({m.processed_rows_per_second:,.0f} rows/s), {m.on_time} on time, "
             f"{m.quarantined} quarantined ({m.late} late), {m.duplicates_dropped} duplicates, "
-            f"{fresh}, clock {m.clock or '-'}")
+            f"{fresh}, clock {m.clock or '-'}{_phases(m)}")
+
+
+def _phases(m: BatchMetrics) -> str:
+    """``; read+validate 4.30s, online 3.60s, Parquet 1.20s`` (the parts that ran)."""
+    parts = [f"{name} {value:.2f}s" for name, value in
+             (("read+validate", m.read_s), ("online", m.online_s), ("Parquet", m.offline_s))
+             if value is not None]
+    return "; " + ", ".join(parts) if parts else ""
 
 
 def prometheus_text(m: BatchMetrics, totals: Totals) -> str:
@@ -207,6 +226,13 @@ def prometheus_text(m: BatchMetrics, totals: Totals) -> str:
     if fresh:
         metric("freshness_seconds", "gauge",
                "Online write time minus event time over the latest batch's events.", fresh)
+    phases = [(f'{{phase="{name}"}}', v) for name, v in
+              (("read", m.read_s), ("online", m.online_s), ("offline", m.offline_s))
+              if v is not None]
+    if phases:
+        metric("batch_phase_seconds", "gauge",
+               "Parts of the latest batch: read (Kafka, validation, dedup), online (Redis), "
+               "offline (Parquet, beside online).", phases)
     metric("state_rows", "gauge", "Rows in the dedup state store.", [("", m.state_rows)])
     for name, value, help_ in (
         ("batches_total", totals.batches, "Micro-batches completed by this run."),
@@ -297,6 +323,9 @@ class MetricsRecorder:
             state_rows=state_rows,
             timestamp=datetime.now(UTC).isoformat(),
             mode=self.mode,
+            read_s=stats.read_seconds,
+            online_s=stats.online_seconds,
+            offline_s=stats.offline_seconds,
         )
         with self._lock:
             self.history.append(metrics)

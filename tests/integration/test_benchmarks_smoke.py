@@ -69,6 +69,9 @@ def test_streaming_smoke(tmp_path: Path) -> None:
     payload, _, _ = _run_smoke("streaming_throughput", tmp_path)
     ours = _row(payload, "shopstream stream")
     assert ours["events"] > 0 and _positive(ours["events_per_s"])
+    # where shopstream's time went, from its per-batch figures
+    assert [n for n in payload["notes"] if "Kafka read, validation and dedup" in n
+            and "online path" in n], _explain(payload)
     peer = _row(payload, "Feast SparkKafkaProcessor")
     assert peer["events"] > 0 and _positive(peer["events_per_s"]), _explain(payload)
     raw = _row(payload, "plain Kafka consumer")

@@ -333,8 +333,14 @@ def test_stream_writes_each_store_exactly(
     progress = {k.decode(): v.decode() for k, v in redis_client.hgetall(stream_progress_key()).items()}
     assert int(progress["total_late"]) == 3 and "freshness_p99_s" in progress
     assert any(m.freshness_p99_s is not None for m in recorder.history)
+    # where each batch's time went: every batch read; one with events ran both stores
+    worked = [m for m in recorder.history if m.on_time]
+    assert worked and all(m.read_s is not None and m.read_s > 0 for m in recorder.history)
+    assert all(m.online_s and m.offline_s and m.online_s + m.read_s < m.batch_duration_ms / 1000
+               for m in worked)
     prom = textfile_path(settings)
     assert prom is not None and "shopstream_stream_late_rows_total 3" in prom.read_text()
+    assert 'shopstream_stream_batch_phase_seconds{phase="read"}' in prom.read_text()
 
     # feature snapshots in the backfill's format (their values: check_stores)
     from pipelines.offline_store import snapshot_path

@@ -38,9 +38,11 @@ def settings(tmp_path: Path) -> Settings:
                     redis_url="redis://127.0.0.1:1/0")
 
 
-def _stats(batch_id: int = 7, *, rows: int = 95, freshness: Any = (0.4, 0.9, 1.2)) -> BatchStats:
+def _stats(batch_id: int = 7, *, rows: int = 95, freshness: Any = (0.4, 0.9, 1.2),
+           online: float | None = 0.3) -> BatchStats:
     return BatchStats(batch_id=batch_id, rows=rows, valid=90, quarantined=8, late=3, on_time=87,
-                      clock_us=1_717_243_200_000_000, freshness_s=freshness, foreach_seconds=0.8)
+                      clock_us=1_717_243_200_000_000, freshness_s=freshness, foreach_seconds=0.8,
+                      read_seconds=0.45, online_seconds=online, offline_seconds=0.2)
 
 
 def _progress(batch_id: int = 7, input_rows: int = 100) -> dict[str, Any]:
@@ -74,8 +76,24 @@ def test_one_info_line_per_batch_says_what_happened(settings: Settings) -> None:
     line = format_batch_line(recorder.on_progress(_progress()))  # type: ignore[arg-type]
     assert line.startswith("batch 7: 100 rows in 1.25s")
     for part in ("87 on time", "8 quarantined (3 late)", "5 duplicates",
-                 "freshness p50 0.40s p99 0.90s max 1.20s", "clock 2024-06-01T12:00:00"):
+                 "freshness p50 0.40s p99 0.90s max 1.20s", "clock 2024-06-01T12:00:00",
+                 "; read+validate 0.45s, online 0.30s, Parquet 0.20s"):
         assert part in line
+
+
+def test_batch_line_names_only_the_parts_that_ran(settings: Settings) -> None:
+    """A batch without the online path (``--no-online``, or no clock yet) says so by
+    leaving it out, not by a zero."""
+    recorder = MetricsRecorder(settings, _client=DownRedis())
+    recorder.record_batch(_stats(online=None))
+    metrics = recorder.on_progress(_progress())
+    assert metrics is not None
+    line = format_batch_line(metrics)
+    assert line.endswith("; read+validate 0.45s, Parquet 0.20s")
+    text = prometheus_text(metrics, recorder.totals)
+    phases = {s.labels["phase"]: s.value for family in text_string_to_metric_families(text)
+              for s in family.samples if s.name == "shopstream_stream_batch_phase_seconds"}
+    assert phases == {"read": 0.45, "offline": 0.2}
 
 
 def test_prometheus_textfile_parses_and_carries_totals(settings: Settings) -> None:
@@ -90,6 +108,7 @@ def test_prometheus_textfile_parses_and_carries_totals(settings: Settings) -> No
     assert samples[("shopstream_stream_input_rows_total", ())] == 200
     assert samples[("shopstream_stream_freshness_seconds", (("quantile", "0.99"),))] == 0.9
     assert samples[("shopstream_stream_batch_duration_seconds", ())] == 1.25
+    assert samples[("shopstream_stream_batch_phase_seconds", (("phase", "online"),))] == 0.3
 
 
 def test_files_are_written_when_redis_is_down_and_status_reads_them(settings: Settings) -> None:
