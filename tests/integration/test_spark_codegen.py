@@ -124,4 +124,3 @@ def test_no_whole_stage_method_of_the_validation_runs_interpreted(spark: Any) ->
     interpreted = [s for s in sizes if HOTSPOT_HUGE_METHOD < s <= limit]
     assert not interpreted, (f"whole-stage methods of {interpreted} bytes run as generated, "
                              f"uncompiled by HotSpot (limit {limit})")
-

@@ -339,8 +339,10 @@ def test_stream_writes_each_store_exactly(
     assert all(m.online_s and m.offline_s and m.online_s + m.read_s < m.batch_duration_ms / 1000
                for m in worked)
     prom = textfile_path(settings)
-    assert prom is not None and "shopstream_stream_late_rows_total 3" in prom.read_text()
-    assert 'shopstream_stream_batch_phase_seconds{phase="read"}' in prom.read_text()
+    assert prom is not None
+    exported = prom.read_text()
+    assert "shopstream_stream_late_rows_total 3" in exported
+    assert 'shopstream_stream_batch_phase_seconds{phase="read"}' in exported
 
     # feature snapshots in the backfill's format (their values: check_stores)
     from pipelines.offline_store import snapshot_path
