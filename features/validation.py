@@ -57,6 +57,28 @@ def _is_integral(number: Column) -> Column:
     return (number % F.lit(1.0)) == F.lit(0.0)
 
 
+def _bounded_by(text: Column, char: str, *, first: bool) -> Column:
+    """Whether the first (last) character of ``text`` that is not JSON whitespace is
+    ``char``. Almost every record starts with ``{`` and ends with ``}``, which one
+    byte tells; only the others pay for a trimmed copy of the whole record."""
+    if first:
+        return text.startswith(char) | (
+            F.substring(F.ltrim(text, F.lit(_JSON_WHITESPACE)), 1, 1) == F.lit(char))
+    return text.endswith(char) | (
+        F.substring(F.rtrim(text, F.lit(_JSON_WHITESPACE)), -1, 1) == F.lit(char))
+
+
+def _blank(text: Column) -> Column:
+    """Empty, or only :data:`WHITESPACE` (as ``btrim`` leaves nothing). A first character
+    that is not blank settles it, so a valid field costs no trimmed copy: with one per
+    string field for every record, those copies were a fifth of the validation's CPU."""
+    starts_blank = None
+    for ch in WHITESPACE:
+        cond = text.startswith(ch)
+        starts_blank = cond if starts_blank is None else starts_blank | cond
+    return (F.length(text) == 0) | (starts_blank & (F.length(F.btrim(text, F.lit(WHITESPACE))) == 0))
+
+
 def _col(prefix: str, name: str) -> Column:
     return F.col(f"_{prefix}_{name}")
 
@@ -78,7 +100,7 @@ def _field_checks(spec: FieldSpec, now: Column) -> list[tuple[Column, Reason]]:
     if spec.kind in ("id", "string", "event_type"):
         text = _col("s", spec.name)
         checks.append((present & (typ != F.lit("STRING")), Reason.WRONG_TYPE))
-        checks.append((present & (F.length(F.btrim(text, F.lit(WHITESPACE))) == 0), Reason.EMPTY_FIELD))
+        checks.append((present & _blank(text), Reason.EMPTY_FIELD))
         if spec.max_length is not None:
             checks.append((present & (F.char_length(text) > spec.max_length), Reason.FIELD_TOO_LONG))
         if spec.kind == "event_type":
@@ -148,10 +170,9 @@ def with_verdict(raw: DataFrame, now: Column | datetime | None = None, check_key
         "*",
         F.is_valid_utf8(value).alias("_utf8"),
         F.when(F.is_valid_utf8(value), F.try_parse_json(value.cast("string"))).alias("_doc"),
-        F.substring(F.ltrim(value.cast("string"), F.lit(_JSON_WHITESPACE)), 1, 1).alias("_first"),
-        F.substring(F.rtrim(value.cast("string"), F.lit(_JSON_WHITESPACE)), -1, 1).alias("_last"),
-    ).select("*", (F.col("_first") == F.lit("{")).alias("_obj"),
-             (F.col("_last") == F.lit("}")).alias("_closed")).drop("_first", "_last")
+        _bounded_by(value.cast("string"), "{", first=True).alias("_obj"),
+        _bounded_by(value.cast("string"), "}", first=False).alias("_closed"),
+    )
 
     # 2. each field once: its sub-variant (NULL when absent), then type, text, number
     doc = F.col("_doc")
