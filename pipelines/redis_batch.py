@@ -73,6 +73,32 @@ class CommandBatch:
         commands, self.commands = self.commands, []
         if not commands:
             return []
+        return self._send(commands)
+
+    def execute_transaction(self) -> list[Any]:
+        """Send every queued command inside one ``MULTI``/``EXEC`` (all of them applied or
+        none), in one round trip; returns their replies.
+
+        A command Redis fails inside the transaction (``WRONGTYPE`` ...) is raised after
+        the whole reply is read, as redis-py's transactional pipeline does. As
+        :meth:`execute`, a batch whose connection fails is sent again in full: only for
+        transactions that may run twice (full values, deletes, expiries).
+        """
+        commands, self.commands = self.commands, []
+        if not commands:
+            return []
+        replies = self._send([("MULTI",), *commands, ("EXEC",)])
+        results = replies[-1]
+        if results is None:  # only a WATCH aborts a transaction, and a batch has none
+            raise ResponseError("the transaction was aborted")
+        error = next(((i, r) for i, r in enumerate(results) if isinstance(r, ResponseError)), None)
+        if error is not None:
+            i, exc = error
+            raise ResponseError(f"command #{i + 1} ({commands[i][0]}) of a transaction of "
+                                f"{len(commands)} failed: {exc}") from exc
+        return list(results)
+
+    def _send(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         pool = self.client.connection_pool
         conn = pool.get_connection()
         try:

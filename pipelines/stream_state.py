@@ -67,12 +67,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
-from itertools import islice
+from itertools import chain, islice
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from features import online_keys
+from pipelines.redis_batch import CommandBatch, as_dict
 from pipelines.streaming import pyfeatures as pyf
 
 if TYPE_CHECKING:
@@ -460,134 +461,134 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
     as_of = pyf.from_us(cfg.as_of_us)
     cutoff = cfg.cutoff
     ranges, open_starts = _item_reads(cfg)
+    open_fields = [str(t) for t in open_starts]
     client = redis.Redis(**cfg.redis_kwargs)
     try:
         for chunk in _chunks(deltas.items(), _CHUNK):
             based = [cfg.open_from is not None and kind == ITEM for (kind, _), _ in chunk]
-            with client.pipeline(transaction=False) as pipe:
-                for ((kind, key), _), item in zip(chunk, based, strict=True):
-                    if item:
-                        pipe.hmget(tiles_key(kind, key), [*_META_FIELDS, *map(str, open_starts)])
-                    else:
-                        pipe.hgetall(tiles_key(kind, key))
-                stored = pipe.execute()
+            reads = CommandBatch(client)
+            for ((kind, key), _), item in zip(chunk, based, strict=True):
+                if item:
+                    reads.add("HMGET", tiles_key(kind, key), *_META_FIELDS, *open_fields)
+                else:
+                    reads.add("HGETALL", tiles_key(kind, key))
+            stored = reads.execute()
             # items: the base as stored, and what moving it needs (a second round trip)
             bases: dict[int, pyf.ItemBase | None] = {}
             plans: dict[int, Any] = {}
-            with client.pipeline(transaction=False) as pipe:
-                for i, (((kind, key), _), item) in enumerate(zip(chunk, based, strict=True)):
-                    if not item:
-                        continue
-                    values = stored[i]
-                    raw_base = values[1]
-                    base = pyf.ItemBase.from_json(raw_base) if raw_base is not None else None
-                    plan = _moves(base.ranges if base is not None else None, ranges, cfg.slide)
-                    bases[i], plans[i] = base, plan
-                    if plan is None:
-                        pipe.hgetall(tiles_key(kind, key))
-                    else:
-                        moved = sorted({t for w in plan[0] for t in (*plan[0][w], *plan[1][w])})
-                        pipe.hmget(tiles_key(kind, key), [MARKER_FIELD, *map(str, moved)])
-                        plans[i] = (plan, moved)
-                second = dict(zip(sorted(bases), pipe.execute(), strict=True)) if bases else {}
+            for i, (((kind, key), _), item) in enumerate(zip(chunk, based, strict=True)):
+                if not item:
+                    continue
+                values = stored[i]
+                raw_base = values[1]
+                base = pyf.ItemBase.from_json(raw_base) if raw_base is not None else None
+                plan = _moves(base.ranges if base is not None else None, ranges, cfg.slide)
+                bases[i], plans[i] = base, plan
+                if plan is None:
+                    reads.add("HGETALL", tiles_key(kind, key))
+                else:
+                    moved = sorted({t for w in plan[0] for t in (*plan[0][w], *plan[1][w])})
+                    reads.add("HMGET", tiles_key(kind, key), MARKER_FIELD, *map(str, moved))
+                    plans[i] = (plan, moved)
+            second = dict(zip(sorted(bases), reads.execute(), strict=True)) if bases else {}
             users: list[dict[str, Any]] = []
             items: list[dict[str, Any]] = []
             sales_tiles: set[int] = set()
             dirty: dict[str, list[str]] = {}
-            with client.pipeline(transaction=True) as tx:
-                for i, ((kind, key), batch_tiles) in enumerate(chunk):
-                    redis_key = tiles_key(kind, key)
-                    base = None
-                    write_base = False
-                    if i in bases:
-                        values = stored[i]
-                        marker = int(values[0] or b"-1")
-                        tiles = {t: orjson.loads(v) for t, v in zip(open_starts, values[2:],
-                                                                     strict=True) if v is not None}
-                        if plans[i] is None:  # rebuild from every tile
-                            mapping = second[i]
-                            for f in _META_FIELDS:
-                                mapping.pop(f, None)
-                            every = {int(f): orjson.loads(v) for f, v in mapping.items()}
-                            base = _rebuilt(every, ranges)
-                            expired = [str(t) for t in every if t <= cutoff]
-                        else:
-                            (add, sub, reset), moved = plans[i]
-                            found = {t: orjson.loads(v) for t, v in zip(moved, second[i][1:],
-                                                                        strict=True) if v is not None}
-                            base = bases[i]
-                            assert base is not None
-                            for w in ranges:
-                                if w in reset:
-                                    base.reset(w)
-                                for t in add[w]:
-                                    if t in found:
-                                        base.add(w, found[t])
-                                for t in sub[w]:
-                                    if t in found:
-                                        base.remove(w, found[t])
-                            # tiles that left the 24h window: the removed ones, or after
-                            # a jump past the old range, everything before the new one
-                            gone = (_tile_range(base.ranges[pyf.LONG_WINDOW][0],
-                                                ranges[pyf.LONG_WINDOW][0], cfg.slide)
-                                    if pyf.LONG_WINDOW in reset else sub[pyf.LONG_WINDOW])
-                            expired = [str(t) for t in gone]
-                        write_base = base.ranges != ranges or plans[i] is None
-                        base.ranges = dict(ranges)
+            tx = CommandBatch(client)
+            for i, ((kind, key), batch_tiles) in enumerate(chunk):
+                redis_key = tiles_key(kind, key)
+                base = None
+                write_base = False
+                if i in bases:
+                    values = stored[i]
+                    marker = int(values[0] or b"-1")
+                    tiles = {t: orjson.loads(v) for t, v in zip(open_starts, values[2:],
+                                                                 strict=True) if v is not None}
+                    if plans[i] is None:  # rebuild from every tile
+                        mapping = as_dict(second[i])
+                        for f in _META_FIELDS:
+                            mapping.pop(f, None)
+                        every = {int(f): orjson.loads(v) for f, v in mapping.items()}
+                        base = _rebuilt(every, ranges)
+                        expired = [str(t) for t in every if t <= cutoff]
                     else:
-                        mapping = stored[i]
-                        marker = int(mapping.pop(MARKER_FIELD.encode(), b"-1"))
-                        mapping.pop(BASE_FIELD.encode(), None)
-                        tiles = {int(f): orjson.loads(v) for f, v in mapping.items()}
-                        expired = [str(t) for t in tiles if t <= cutoff]
-                    merging = bool(batch_tiles) and marker < cfg.batch_id
-                    changed: dict[str, bytes] = {}
+                        (add, sub, reset), moved = plans[i]
+                        found = {t: orjson.loads(v) for t, v in zip(moved, second[i][1:],
+                                                                    strict=True) if v is not None}
+                        base = bases[i]
+                        assert base is not None
+                        for w in ranges:
+                            if w in reset:
+                                base.reset(w)
+                            for t in add[w]:
+                                if t in found:
+                                    base.add(w, found[t])
+                            for t in sub[w]:
+                                if t in found:
+                                    base.remove(w, found[t])
+                        # tiles that left the 24h window: the removed ones, or after
+                        # a jump past the old range, everything before the new one
+                        gone = (_tile_range(base.ranges[pyf.LONG_WINDOW][0],
+                                            ranges[pyf.LONG_WINDOW][0], cfg.slide)
+                                if pyf.LONG_WINDOW in reset else sub[pyf.LONG_WINDOW])
+                        expired = [str(t) for t in gone]
+                    write_base = base.ranges != ranges or plans[i] is None
+                    base.ranges = dict(ranges)
+                else:
+                    mapping = as_dict(stored[i])
+                    marker = int(mapping.pop(MARKER_FIELD.encode(), b"-1"))
+                    mapping.pop(BASE_FIELD.encode(), None)
+                    tiles = {int(f): orjson.loads(v) for f, v in mapping.items()}
+                    expired = [str(t) for t in tiles if t <= cutoff]
+                merging = bool(batch_tiles) and marker < cfg.batch_id
+                changed: dict[str, bytes] = {}
+                if merging:
+                    merge = pyf.MERGE[kind]
+                    for delta in batch_tiles:
+                        start = int(delta["tile_start"])
+                        if start <= cutoff:
+                            continue  # already outside every window as of the clock
+                        old = tiles.get(start)
+                        tiles[start] = (delta if old is None
+                                        else merge(old, delta, last_items_n=cfg.last_items_n))
+                        changed[str(start)] = orjson.dumps(tiles[start])
+                if merging or write_base:
+                    if expired:
+                        tx.add("HDEL", redis_key, *expired)
+                    fields: dict[str, Any] = dict(changed)
                     if merging:
-                        merge = pyf.MERGE[kind]
-                        for delta in batch_tiles:
-                            start = int(delta["tile_start"])
-                            if start <= cutoff:
-                                continue  # already outside every window as of the clock
-                            old = tiles.get(start)
-                            tiles[start] = (delta if old is None
-                                            else merge(old, delta, last_items_n=cfg.last_items_n))
-                            changed[str(start)] = orjson.dumps(tiles[start])
-                    if merging or write_base:
-                        if expired:
-                            tx.hdel(redis_key, *expired)
-                        fields: dict[str, Any] = dict(changed)
-                        if merging:
-                            fields[MARKER_FIELD] = str(cfg.batch_id)
-                        if write_base and base is not None:
-                            fields[BASE_FIELD] = base.to_json()
-                        tx.hset(redis_key, mapping=fields)
-                        tx.expire(redis_key, cfg.ttl)
-                    if merging:
-                        if kind == SALES:
-                            for start_s in changed:
-                                tile = tiles[int(start_s)]
-                                tx.hset(sales_tile_key(int(start_s)), key, orjson.dumps(
-                                    [tile["item_id"], tile["category_id"], tile["region"],
-                                     int(tile["units"])]))
-                                sales_tiles.add(int(start_s))
-                        else:
-                            dirty.setdefault(kind, []).append(key)
-                    if kind == USER:
-                        live = [t for start, t in tiles.items() if start > cutoff]
-                        users.append(pyf.finalize_user(key, live, as_of, slide_seconds=cfg.slide,
-                                                       last_items_n=cfg.last_items_n))
-                    elif kind == ITEM and base is not None:
-                        opened = [tiles[t] for t in sorted(tiles) if t >= ranges[pyf.LONG_WINDOW][1]]
-                        items.append(base.finalize(key, opened, as_of, slide_seconds=cfg.slide))
-                    elif kind == ITEM:
-                        live = [t for start, t in tiles.items() if start > cutoff]
-                        items.append(pyf.finalize_item(key, live, as_of, slide_seconds=cfg.slide))
-                for start in sales_tiles:
-                    tx.expire(sales_tile_key(start), cfg.ttl)
-                for kind, keys in dirty.items():
-                    tx.sadd(dirty_key(kind, cfg.current), *keys)
-                    tx.expire(dirty_key(kind, cfg.current), cfg.dirty_ttl)
-                tx.execute()
+                        fields[MARKER_FIELD] = str(cfg.batch_id)
+                    if write_base and base is not None:
+                        fields[BASE_FIELD] = base.to_json()
+                    tx.add("HSET", redis_key, *chain.from_iterable(fields.items()))
+                    tx.add("EXPIRE", redis_key, cfg.ttl)
+                if merging:
+                    if kind == SALES:
+                        for start_s in changed:
+                            tile = tiles[int(start_s)]
+                            tx.add("HSET", sales_tile_key(int(start_s)), key, orjson.dumps(
+                                [tile["item_id"], tile["category_id"], tile["region"],
+                                 int(tile["units"])]))
+                            sales_tiles.add(int(start_s))
+                    else:
+                        dirty.setdefault(kind, []).append(key)
+                if kind == USER:
+                    live = [t for start, t in tiles.items() if start > cutoff]
+                    users.append(pyf.finalize_user(key, live, as_of, slide_seconds=cfg.slide,
+                                                   last_items_n=cfg.last_items_n))
+                elif kind == ITEM and base is not None:
+                    opened = [tiles[t] for t in sorted(tiles) if t >= ranges[pyf.LONG_WINDOW][1]]
+                    items.append(base.finalize(key, opened, as_of, slide_seconds=cfg.slide))
+                elif kind == ITEM:
+                    live = [t for start, t in tiles.items() if start > cutoff]
+                    items.append(pyf.finalize_item(key, live, as_of, slide_seconds=cfg.slide))
+            for start in sales_tiles:
+                tx.add("EXPIRE", sales_tile_key(start), cfg.ttl)
+            for kind, keys in dirty.items():
+                tx.add("SADD", dirty_key(kind, cfg.current), *keys)
+                tx.add("EXPIRE", dirty_key(kind, cfg.current), cfg.dirty_ttl)
+            tx.execute_transaction()
             if users:
                 online_writer.write_entity_rows(client, USER_ACTIVITY, users, ttl_seconds=cfg.ttl)
             if items:

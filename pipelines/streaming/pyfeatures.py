@@ -655,9 +655,15 @@ class RunningItems:
 
 
 def _ranked(entries: Iterable[Mapping[str, Any]]) -> list[str]:
-    """The items of last-items entries, latest first (ties by item), as :func:`latest_distinct`
-    ranks them."""
-    return [e["item_id"] for e in sorted(entries, key=lambda e: (-int(e["event_us"]), e["item_id"]))]
+    """The items of a tile's last-items entries, latest first (ties by item).
+
+    The entries are stored in that order already: the tiles' two producers,
+    :func:`features.tiles.latest_distinct_items` (Spark) and :func:`merge_user`
+    (:func:`_latest_entries`), rank them so, distinct (the tests check both). Sorting
+    them again was 5 % of the micro-batch pass's CPU and 16 % of the Real-time feed's
+    time at 2,000 events/s (py-spy).
+    """
+    return [e["item_id"] for e in entries]
 
 
 def _ranked_lists(tile: Mapping[str, Any]) -> tuple[list[str], list[str]]:

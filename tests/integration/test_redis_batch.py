@@ -50,6 +50,38 @@ def test_an_error_reply_is_raised_after_every_command_ran(redis_client: Any) -> 
     assert again.execute()[at] == b"1"
 
 
+def test_a_transaction_applies_every_command_and_returns_their_replies(redis_client: Any) -> None:
+    batch = CommandBatch(redis_client)
+    batch.add("HSET", "t", "a", "1", "b", "2")
+    batch.add("HDEL", "t", "b")
+    batch.add("EXPIRE", "t", 300)
+    batch.add("SADD", "s", "x", "y")
+
+    assert batch.execute_transaction() == [2, 1, 1, 2]
+    assert redis_client.hgetall("t") == {b"a": b"1"} and redis_client.scard("s") == 2
+    assert len(batch) == 0 and batch.execute_transaction() == []
+
+
+def test_a_command_failing_inside_a_transaction_is_raised_by_name(redis_client: Any) -> None:
+    redis_client.set("plain", "x")
+    batch = CommandBatch(redis_client)
+    batch.add("HSET", "t", "a", "1")
+    batch.add("SADD", "plain", "m")  # WRONGTYPE, found only when EXEC runs it
+    with pytest.raises(redis.ResponseError,
+                       match=r"command #2 \(SADD\) of a transaction of 2 failed.*WRONGTYPE"):
+        batch.execute_transaction()
+    # Redis runs the rest of a transaction whose command fails at run time
+    assert redis_client.hget("t", "a") == b"1"
+
+    batch.add("HSET", "t", "b", "2")
+    batch.add("HSET", "t")  # wrong arity: Redis refuses it when queued and discards it all
+    with pytest.raises(redis.ResponseError, match="wrong number of arguments"):
+        batch.execute_transaction()
+    assert redis_client.hget("t", "b") is None
+    at = batch.add("PING")  # the connection went back to the pool usable (not in MULTI)
+    assert batch.execute()[at] in (b"PONG", True)
+
+
 def test_a_connection_dropped_mid_batch_is_sent_again(redis_client: Any) -> None:
     first = CommandBatch(redis_client)
     at = first.add("CLIENT", "ID")

@@ -86,15 +86,35 @@ def test_merging_tiles_of_two_halves_equals_tiles_of_the_whole(spark: Any) -> No
     """The Python merge rules against features.tiles: tiles(A) + tiles(B) == tiles(A + B)."""
     from pipelines.streaming.pyfeatures import MERGE
 
-    first = spark.createDataFrame(_events(300, 1), EVENT_SCHEMA)
-    second = spark.createDataFrame(_events(300, 2), EVENT_SCHEMA)
+    # views at the same microsecond, the last of their tile, in each half: ties go by item
+    tie = T0 + timedelta(seconds=60, microseconds=-1)
+    ties = [(f"tie-{n}", "view", tie, "u0", "s", item, "c0", "UK", None, 1, "web")
+            for n, item in enumerate(("i5", "i1"))]
+    first = spark.createDataFrame(_events(300, 1) + ties, EVENT_SCHEMA)
+    second = spark.createDataFrame(_events(300, 2) + [("tie-2", *ties[0][1:5], "i3", *ties[0][6:])],
+                                   EVENT_SCHEMA)
     merged = dict(_tiles(spark, first))
     for key, tile in _tiles(spark, second).items():
+        assert _ranked_lists(tile), key
         merged[key] = MERGE[key[0]](merged[key], tile, last_items_n=3) if key in merged else tile
     whole = _tiles(spark, first.unionByName(second))
     assert merged.keys() == whole.keys()
     for key in whole:
         assert _canonical(merged[key]) == _canonical(whole[key]), key
+        # the feature pass reads the last-items lists in stored order (pyfeatures._ranked)
+        assert _ranked_lists(merged[key]) and _ranked_lists(whole[key]), key
+    tile = ("user", "u0", int(T0.timestamp()))
+    for tiles in (merged, whole):
+        assert [e["item_id"] for e in tiles[tile]["last_viewed"]] == ["i1", "i3", "i5"]
+
+
+def _ranked_lists(tile: dict[str, Any]) -> bool:
+    """Whether a tile's last-items lists are latest first, ties by item, each item once."""
+    for name in ("last_viewed", "last_purchased"):
+        order = [(-int(e["event_us"]), e["item_id"]) for e in tile.get(name, ())]
+        if order != sorted(order) or len({i for _, i in order}) != len(order):
+            return False
+    return True
 
 
 def test_item_metadata_from_keyed_tiles_equals_features_tiles(spark: Any) -> None:

@@ -202,8 +202,8 @@ def test_user_lists_from_the_newest_tiles_equal_the_latest_of_all_entries() -> N
             start = TILE - 60 * rnd.randrange(0, 1500) if k else TILE
             if any(t["tile_start"] == start for t in tiles):
                 continue
-            entries = [{"event_us": (start + rnd.randrange(60)) * 1_000_000,
-                        "item_id": f"i{rnd.randrange(6)}"} for _ in range(rnd.randrange(4))]
+            entries = _as_stored([{"event_us": (start + rnd.randrange(60)) * 1_000_000,
+                                   "item_id": f"i{rnd.randrange(6)}"} for _ in range(rnd.randrange(4))])
             tile = _user_tile(start)
             tile["last_viewed"] = entries
             tile["last_purchased"] = entries[:1]
@@ -220,6 +220,38 @@ def test_user_lists_from_the_newest_tiles_equal_the_latest_of_all_entries() -> N
         assert row["last_event_time"] == (pyf.from_us(last - last % 1_000_000) if last else None)
         rnd.shuffle(tiles)
         assert pyf.finalize_user("u", tiles, T, slide_seconds=60, last_items_n=n) == row
+
+
+def _as_stored(entries: list[dict]) -> list[dict]:
+    """Last-items entries as a tile stores them (features.tiles.latest_distinct_items):
+    latest first, ties by item, each item once."""
+    out, seen = [], set()
+    for e in sorted(entries, key=lambda e: (-e["event_us"], e["item_id"])):
+        if e["item_id"] not in seen:
+            seen.add(e["item_id"])
+            out.append(e)
+    return out
+
+
+def test_merged_user_tiles_keep_their_lists_ranked_as_stored() -> None:
+    """finalize_user reads a tile's last-items lists in stored order, so a merge must store
+    them ranked, ties (same microsecond) included."""
+    import random
+
+    rnd = random.Random(3)
+    for _ in range(300):
+        def tile() -> dict:
+            t = _user_tile(TILE)
+            for name in ("last_viewed", "last_purchased"):
+                t[name] = _as_stored([{"event_us": (TILE + rnd.randrange(3)) * 1_000_000,
+                                       "item_id": f"i{rnd.randrange(8)}"}
+                                      for _ in range(rnd.randrange(6))])[:4]
+            return t
+
+        a, b = tile(), tile()
+        merged = pyf.merge_user(a, b, last_items_n=4)
+        for name in ("last_viewed", "last_purchased"):
+            assert merged[name] == _as_stored([*a[name], *b[name]])[:4]
 
 
 def test_running_users_follow_the_feeds_writes_and_stay_bounded() -> None:
