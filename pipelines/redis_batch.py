@@ -87,7 +87,7 @@ class CommandBatch:
         commands, self.commands = self.commands, []
         if not commands:
             return []
-        replies = self._send([("MULTI",), *commands, ("EXEC",)])
+        replies = self._send([("MULTI",), *commands, ("EXEC",)], transaction=True)
         results = replies[-1]
         if results is None:  # only a WATCH aborts a transaction, and a batch has none
             raise ResponseError("the transaction was aborted")
@@ -98,11 +98,11 @@ class CommandBatch:
                                 f"{len(commands)} failed: {exc}") from exc
         return list(results)
 
-    def _send(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+    def _send(self, commands: list[tuple[Any, ...]], *, transaction: bool = False) -> list[Any]:
         pool = self.client.connection_pool
         conn = pool.get_connection()
         try:
-            return conn.retry.call_with_retry(lambda: _round_trip(conn, commands),
+            return conn.retry.call_with_retry(lambda: _round_trip(conn, commands, transaction),
                                               lambda _error: conn.disconnect())
         finally:
             pool.release(conn)
@@ -119,13 +119,17 @@ def _packed(conn: Any, commands: list[tuple[Any, ...]]) -> Any:
         raise DataError(f"a command of the batch has an argument Redis cannot take: {exc}") from exc
 
 
-def _round_trip(conn: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+def _round_trip(conn: Any, commands: list[tuple[Any, ...]], transaction: bool = False
+                ) -> list[Any]:
     conn.send_packed_command(_packed(conn, commands))
     replies = _read_replies(conn, len(commands))
     error = next(((i, r) for i, r in enumerate(replies) if isinstance(r, ResponseError)), None)
     if error is not None:
         i, exc = error
         name = commands[i][0]
+        if transaction:  # numbered without the MULTI; Redis then refused the EXEC
+            raise ResponseError(f"command #{i} ({name}) of a transaction of {len(commands) - 2} "
+                                f"was refused, so none ran: {exc}") from exc
         raise ResponseError(f"command #{i + 1} ({name}) of a batch of {len(commands)} "
                             f"failed: {exc}") from exc
     return replies
