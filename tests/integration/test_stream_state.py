@@ -88,27 +88,29 @@ def test_merging_tiles_of_two_halves_equals_tiles_of_the_whole(spark: Any) -> No
 
     # views at the same microsecond, the last of their tile, in each half: ties go by item
     tie = T0 + timedelta(seconds=60, microseconds=-1)
-    ties = [(f"tie-{n}", "view", tie, "u0", "s", item, "c0", "UK", None, 1, "web")
-            for n, item in enumerate(("i5", "i1"))]
-    first = spark.createDataFrame(_events(300, 1) + ties, EVENT_SCHEMA)
-    second = spark.createDataFrame(_events(300, 2) + [("tie-2", *ties[0][1:5], "i3", *ties[0][6:])],
-                                   EVENT_SCHEMA)
+
+    def view_at_tie(item: str) -> tuple:
+        return (f"tie-{item}", "view", tie, "u0", "s", item, "c0", "UK", None, 1, "web")
+
+    first = spark.createDataFrame(_events(300, 1) + [view_at_tie("i5"), view_at_tie("i1")],
+                                  EVENT_SCHEMA)
+    second = spark.createDataFrame(_events(300, 2) + [view_at_tie("i3")], EVENT_SCHEMA)
     merged = dict(_tiles(spark, first))
     for key, tile in _tiles(spark, second).items():
-        assert _ranked_lists(tile), key
+        assert _lists_ranked(tile), key
         merged[key] = MERGE[key[0]](merged[key], tile, last_items_n=3) if key in merged else tile
     whole = _tiles(spark, first.unionByName(second))
     assert merged.keys() == whole.keys()
     for key in whole:
         assert _canonical(merged[key]) == _canonical(whole[key]), key
         # the feature pass reads the last-items lists in stored order (pyfeatures._ranked)
-        assert _ranked_lists(merged[key]) and _ranked_lists(whole[key]), key
+        assert _lists_ranked(merged[key]) and _lists_ranked(whole[key]), key
     tile = ("user", "u0", int(T0.timestamp()))
     for tiles in (merged, whole):
         assert [e["item_id"] for e in tiles[tile]["last_viewed"]] == ["i1", "i3", "i5"]
 
 
-def _ranked_lists(tile: dict[str, Any]) -> bool:
+def _lists_ranked(tile: dict[str, Any]) -> bool:
     """Whether a tile's last-items lists are latest first, ties by item, each item once."""
     for name in ("last_viewed", "last_purchased"):
         order = [(-int(e["event_us"]), e["item_id"]) for e in tile.get(name, ())]
