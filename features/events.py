@@ -9,7 +9,7 @@ implementations that must agree row for row:
   table with native column expressions (so the stream never calls Python per
   row).
 
-``tests/integration/test_validation_spark.py`` runs both over the same corpus
+``tests/integration/test_stream_validation.py`` runs both over the same corpus
 and requires identical verdicts.
 
 Checks run in a fixed order and the first failure wins, so a record has

@@ -50,6 +50,8 @@ QUARANTINE_COLUMNS: tuple[str, ...] = (
 """Columns of a quarantine row: why, the raw bytes, and where they came from."""
 
 _NUMERIC_TYPE = r"^(BIGINT|INT|SMALLINT|TINYINT|DOUBLE|FLOAT|DECIMAL\(\d+,\d+\))$"
+_FIELDS_STRUCT = "struct<" + ", ".join(f"`{spec.name}`: variant" for spec in FIELDS) + ">"
+"""The document as a struct of each field's sub-variant (absent fields are null)."""
 _JSON_WHITESPACE = " \t\n\r"
 """What a JSON parser skips before the top-level value (RFC 8259; Jackson and Python agree)."""
 
@@ -153,6 +155,16 @@ def with_verdict(raw: DataFrame, now: Column | datetime | None = None, check_key
     that gives both ``reason`` and ``field``. Spark keeps the projections apart
     because their costly columns are read more than once.
 
+    The sub-variants come from one cast of the document to a struct of
+    ``VARIANT`` fields, which walks the object once; a ``$.field`` path per field
+    searched the object's keys again for each (decoding them as it went), and
+    that search was a sixth of the stage's samples. And almost every record breaks
+    no rule, yet the ordered ``CASE`` tried all ~50 of them, reading each field's
+    columns anew in every rule (Spark shares no work between a ``CASE``'s later
+    branches): an ``OR`` of the same rules goes first, where Spark evaluates each
+    shared part once, and only a record that breaks one runs the ``CASE`` to learn
+    which. Together about a sixth less CPU for the stage.
+
     The rows between them carry no sub-variant and, after the fields are read, no
     document: when the stage runs operator by operator (it does under
     ``spark.sql.codegen.hugeMethodLimit``, :mod:`pipelines.spark`), each projection
@@ -183,12 +195,13 @@ def with_verdict(raw: DataFrame, now: Column | datetime | None = None, check_key
     )
 
     # 2. each field in one projection: its type, text, number (Spark evaluates the
-    # field's sub-variant once for all of them)
+    # document's struct, and each field's sub-variant, once for all of them)
     doc = F.col("_doc")
+    subs = F.try_variant_get(doc, "$", _FIELDS_STRUCT)
     per_field: list[Column] = [doc.isNotNull().alias("_json")]
     internal.append("_json")
     for spec in FIELDS:
-        sub = F.try_variant_get(doc, f"$.{spec.name}", "variant")
+        sub = subs.getField(spec.name)
         typ = F.schema_of_variant(sub)
         per_field.append(typ.alias(f"_t_{spec.name}"))
         internal.append(f"_t_{spec.name}")
@@ -232,11 +245,16 @@ def with_verdict(raw: DataFrame, now: Column | datetime | None = None, check_key
         ordered.append((key.isNull() | (F.length(key) == 0), Reason.MISSING_KEY, None))
         ordered.append((key != _col("s", "user_id"), Reason.KEY_MISMATCH, None))
 
-    # one CASE with a branch per rule (evaluated in order, the first true one wins)
-    rule: Column | None = None
+    # one CASE with a branch per rule (evaluated in order, the first true one wins),
+    # run only for a record that breaks some rule: the OR before it says whether one
+    # does (true exactly when some branch is; false or null when none is)
+    first_broken: Column | None = None
     for number, (cond, _code, _name) in enumerate(ordered, start=1):
-        rule = F.when(cond, F.lit(number)) if rule is None else rule.when(cond, F.lit(number))
-    assert rule is not None
+        first_broken = (F.when(cond, F.lit(number)) if first_broken is None
+                        else first_broken.when(cond, F.lit(number)))
+    assert first_broken is not None
+    breaks_any = reduce(operator.or_, (cond for cond, _code, _name in ordered))
+    rule = F.when(breaks_any, first_broken)
     ruled = fields.select("*", rule.alias("_rule"))
     internal.append("_rule")
 
