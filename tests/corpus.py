@@ -78,6 +78,9 @@ CASES: list[tuple[str, bytes | None, str | None]] = [
     ("long_item", _with(item_id="x" * 65), "field_too_long:item_id"),
     ("long_device", _with(device="d" * 65), "field_too_long:device"),
     ("max_len_ok", _with(item_id="x" * 64), None),
+    # the limit counts characters, not bytes: 64 two-byte characters are 128 bytes
+    ("max_len_multibyte_ok", _with(item_id="\u00e9" * 64), None),
+    ("long_multibyte", _with(item_id="\u00e9" * 65), "field_too_long:item_id"),
     ("unknown_type", _with(event_type="click"), "unknown_event_type:event_type"),
     ("bad_time", _with(event_time="yesterday"), "invalid_timestamp:event_time"),
     ("bad_date", _with(event_time="2024-02-30T00:00:00Z"), "invalid_timestamp:event_time"),
