@@ -165,6 +165,11 @@ class Settings(BaseSettings):
     so a touched user is not read back from Redis. Size it for the users active in a
     day: beyond it the least recently touched users are read again on their next touch
     (``rt_user_loads`` in ``shopstream status`` then grows about as fast as touches)."""
+    stream_realtime_gc_freeze_seconds: float = Field(default=10.0, ge=0)
+    """Real-time Mode: how often the tile feed moves what survived a young garbage
+    collection out of the cyclic collector's reach (``gc.freeze``), so its full collections
+    no longer walk the cached tiles with the GIL held (1-1.6 s pauses at 1,000 events/s
+    before; ``pipelines.streaming.heap``). 0: never (CPython's default behaviour)."""
     stream_check_key: bool = True
     """The contract's key rule: a record's Kafka key must be present and equal its
     ``user_id``, else it is quarantined (``missing_key`` / ``key_mismatch``). Off: the key

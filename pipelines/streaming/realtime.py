@@ -76,6 +76,7 @@ from pipelines.settings import Settings
 from pipelines.spark import STREAM_POOL, detached, quiet_loggers, scheduler_pool
 from pipelines.stream import is_redis_outage, redis_outage_of
 from pipelines.stream_state import DIRTY_TTL_SECONDS, dirty_key
+from pipelines.streaming.heap import GcPauses, HeapFreezer
 from pipelines.streaming.pyfeatures import (
     TILE_OF_ROW,
     ItemMetadata,
@@ -241,6 +242,7 @@ class RealtimeWriter:
         from pipelines.stream_metrics import realtime_textfile_path
 
         self.textfile = realtime_textfile_path(settings)
+        self.gc_pauses: GcPauses | None = None  # set by the feed while it runs
         self._client: Any = None
 
     def connect(self) -> None:
@@ -512,6 +514,7 @@ class RealtimeWriter:
             if values}
         self._latencies, self._query_s, self._feed_s = [], [], []
         fields = {"rt_tiles_written": str(tiles), "rt_updated": now.isoformat(),
+                  **(self.gc_pauses.take() if self.gc_pauses is not None else {}),
                   # the user cache (RunningUsers): loads growing as fast as touches mean
                   # it is too small for the active users
                   "rt_users_cached": str(len(self._users)),
@@ -637,7 +640,11 @@ class TileFeed:
 
         consumer = kafka_consumer(self.settings, group_id=f"{QUERY_NAME}-feed")
         outage_since: float | None = None
+        heap = HeapFreezer(self.settings.stream_realtime_gc_freeze_seconds)
+        pauses = GcPauses()
+        self.writer.gc_pauses = pauses
         try:
+            pauses.install()
             parts = _partitions(consumer, self.topic)
             tps = [TopicPartition(self.topic, p) for p in parts]
             consumer.assign(tps)
@@ -655,6 +662,7 @@ class TileFeed:
                         self.writer.flush()
                         consumer.commit()
                         self._snapshots_step()
+                        heap.step()
                     else:
                         if self.writer.top_dirty:
                             self.writer.flush(final=True)
@@ -686,6 +694,7 @@ class TileFeed:
             log.error("real-time tile feed failed: %s", exc)
             self._error = exc
         finally:
+            pauses.remove()
             consumer.close()
             self.writer.disconnect()
 

@@ -20,27 +20,33 @@ the next snapshot may record again (same entity and timestamp; Feast keeps the
 latest ``created``).
 
 The entities come from the per-tile sets of touched entities the micro-batch pass
-keeps (:func:`pipelines.stream_state.dirty_key`). The driver thread that writes the
-snapshot reads them and the entities' hashes, pipelined, and hands the rows to Spark,
+keeps (:func:`pipelines.stream_state.dirty_key`). A reader process beside the driver
+(:func:`_reader`, at a lower CPU priority) reads them and the entities' hashes,
+pipelined, and hands the rows back as Arrow tables; the driver gives them to Spark,
 which writes them with one short JVM task per table in the background scheduler pool
 (:data:`pipelines.spark.BACKGROUND_POOL`).
 
-Why the driver reads: the snapshot runs beside the micro-batches, on the same task
+Why not Spark tasks: the snapshot runs beside the micro-batches, on the same task
 slots. Read by Python tasks on the executors it held both slots of ``local[2]`` for
 seconds at each slide boundary (a Python worker per task, under contention), and the
 micro-batch waited for them: probes at 1,000 events/s took 7-9 s there, 2-4 s
-elsewhere. Read here it costs the driver about 40 us per entity (6,000 users: 0.25 s)
-and the slots a fraction of a second. The rows of one snapshot are in the driver's
-memory while it is written: about 1 KB per touched entity, so 100,000 entities
-touched per slide take about 100 MB.
+elsewhere. Read by one process it costs about 40 us per entity (6,000 users: 0.25 s
+on an idle core) and the slots a fraction of a second. Why not a driver thread (as
+before): see :func:`_reader`. The tables of one snapshot are in the driver's memory
+while it is written: about 1 KB per touched entity, so 100,000 entities touched per
+slide take about 100 MB.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from datetime import UTC, datetime
+from multiprocessing import get_context
 from typing import TYPE_CHECKING, Any
 
 from features import online_keys
@@ -57,10 +63,12 @@ from pipelines.spark import inheriting
 from pipelines.stream_state import ITEM, USER, dirty_key
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
-__all__ = ["served_rows", "served_top_rows", "local_frame", "write_served_snapshot", "staging_path", "view_schema",
-           "TOP_SCHEMA", "STAGING"]
+__all__ = ["served_rows", "served_top_rows", "served_tables", "arrow_schema", "arrow_table", "arrow_frame", "local_frame",
+           "write_served_snapshot", "staging_path", "view_schema", "TOP_SCHEMA", "STAGING"]
 
 log = logging.getLogger(__name__)
 
@@ -231,15 +239,10 @@ def write_served_snapshot(spark: SparkSession, settings: Settings, redis_kwargs:
     names = [spec.name for spec in _VIEWS.values()] + ["top_items"]
     todo = [name for name in names
             if not files.exists(staging_path(settings, stage_id, name) + "/_SUCCESS")]
-    frames: list[tuple[Any, str]] = []
-    for kind, spec in _VIEWS.items():
-        if spec.name in todo:
-            rows = served_rows([dirty_key(kind, g) for g in tiles], redis_kwargs=redis_kwargs,
-                               view=spec.name)
-            frames.append((local_frame(spark, rows, view_schema(spec)), spec.name))
-    if "top_items" in todo:
-        top = served_top_rows([], redis_kwargs=redis_kwargs)
-        frames.append((local_frame(spark, top, TOP_SCHEMA), "top_items"))
+    ddl = {**{spec.name: view_schema(spec) for spec in _VIEWS.values()}, "top_items": TOP_SCHEMA}
+    schemas = {name: arrow_schema(ddl[name]) for name in todo}
+    frames = [(arrow_frame(spark, table, ddl[name]), name)
+              for name, table in (_read_served(redis_kwargs, tiles, schemas) if todo else [])]
     if frames:
         with ThreadPoolExecutor(max_workers=len(frames), thread_name_prefix="snapshot-write") as pool:
             writes = [pool.submit(inheriting(spark, _stage), frame, settings, name,
@@ -255,26 +258,115 @@ def write_served_snapshot(spark: SparkSession, settings: Settings, redis_kwargs:
     files.delete(staging_path(settings, stage_id))
 
 
-def local_frame(spark: SparkSession, rows: Iterable[tuple[Any, ...]], ddl: str) -> DataFrame:
-    """A one-partition DataFrame of rows held by the driver, handed to the JVM as Arrow.
+def _struct(ddl: str) -> StructType:
+    from pyspark.sql.types import StructType, _parse_datatype_string
+
+    struct = _parse_datatype_string(ddl)
+    assert isinstance(struct, StructType)
+    return struct
+
+
+def arrow_schema(ddl: str) -> pa.Schema:
+    """The Arrow schema Spark reads as ``ddl`` (parsing DDL needs the driver's JVM)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(_struct(ddl), timezone="UTC")
+
+
+def arrow_table(rows: Iterable[tuple[Any, ...]], schema: pa.Schema) -> pa.Table:
+    """Rows in the schema's column order -> an Arrow table of that schema."""
+    import pyarrow as pa
+
+    columns = list(zip(*rows, strict=True)) or [()] * len(schema)
+    return pa.Table.from_arrays([pa.array(list(values), type=field.type)
+                                 for values, field in zip(columns, schema, strict=True)],
+                                schema=schema)
+
+
+def arrow_frame(spark: SparkSession, table: pa.Table, ddl: str) -> DataFrame:
+    """A one-partition DataFrame of an Arrow table the driver holds.
 
     Not ``createDataFrame(list, schema)``: that checks and re-serializes the rows in a
     Python task, and a Python worker started beside a busy micro-batch took seconds
     of a task slot (a 6-row snapshot table held one for 2 s). Arrow goes straight into
     the JVM; writing it is a short JVM-only task.
     """
-    import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StructType, _parse_datatype_string
+    return spark.createDataFrame(table, schema=_struct(ddl)).coalesce(1)
 
-    struct = _parse_datatype_string(ddl)
-    assert isinstance(struct, StructType)
-    schema = to_arrow_schema(struct, timezone="UTC")
-    columns = list(zip(*rows, strict=True)) or [()] * len(schema)
-    table = pa.Table.from_arrays([pa.array(list(values), type=field.type)
-                                  for values, field in zip(columns, schema, strict=True)],
-                                 schema=schema)
-    return spark.createDataFrame(table, schema=struct).coalesce(1)
+
+def local_frame(spark: SparkSession, rows: Iterable[tuple[Any, ...]], ddl: str) -> DataFrame:
+    """:func:`arrow_frame` of rows the driver holds."""
+    return arrow_frame(spark, arrow_table(rows, arrow_schema(ddl)), ddl)
+
+
+def served_tables(redis_kwargs: dict[str, Any], tiles: list[int],
+                  schemas: Mapping[str, pa.Schema]) -> list[tuple[str, pa.Table]]:
+    """The snapshot tables named in ``schemas``, read from Redis: (name, Arrow table).
+
+    Runs in the snapshot reader process (:func:`_reader`): picklable arguments in, Arrow
+    tables out (they pickle as their buffers). An error other than Redis's comes back
+    as a ``RuntimeError`` with the worker's traceback in its text: some exceptions
+    (PySpark's) do not survive pickling, and the pool would report only a broken process.
+    """
+    import redis
+
+    try:
+        out = []
+        for kind, spec in _VIEWS.items():
+            if spec.name in schemas:
+                rows = served_rows([dirty_key(kind, g) for g in tiles],
+                                   redis_kwargs=redis_kwargs, view=spec.name)
+                out.append((spec.name, arrow_table(rows, schemas[spec.name])))
+        if "top_items" in schemas:
+            out.append(("top_items", arrow_table(
+                served_top_rows([], redis_kwargs=redis_kwargs), schemas["top_items"])))
+        return out
+    except redis.RedisError:
+        raise  # picklable, and how the caller tells an outage
+    except Exception as exc:
+        import traceback
+
+        raise RuntimeError(f"snapshot reader: {type(exc).__name__}: {exc}\n"
+                           f"{traceback.format_exc()}") from None
+
+
+_READER: ProcessPoolExecutor | None = None
+_READER_LOCK = threading.Lock()
+READER_NICE = 10
+"""How much lower the reader's CPU priority is than the job's (``os.nice``)."""
+
+
+def _lower_priority() -> None:
+    os.nice(READER_NICE)
+
+
+def _reader() -> ProcessPoolExecutor:
+    """The snapshot reader: one process of its own, started on first use and kept.
+
+    Why a process: reading and decoding every touched entity is pure Python (about
+    1.8 s of CPU for the ~12,000 entities a minute at 1,000 events/s), and in the
+    driver it held the GIL against the Real-time tile feed, whose tiles then reached
+    Redis 1-2.5 s late after every slide boundary. A process of its own shares no GIL
+    and runs at a lower priority, so the feed and the micro-batches come first.
+    ``spawn``: the driver is multi-threaded (py4j, the feed), which ``fork`` does not copy.
+    """
+    global _READER
+    with _READER_LOCK:
+        if _READER is None:
+            _READER = ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"),
+                                          initializer=_lower_priority)
+        return _READER
+
+
+def _read_served(redis_kwargs: dict[str, Any], tiles: list[int],
+                 schemas: Mapping[str, pa.Schema]) -> list[tuple[str, pa.Table]]:
+    global _READER
+    try:
+        return _reader().submit(served_tables, redis_kwargs, tiles, dict(schemas)).result()
+    except BrokenProcessPool:  # the reader died (killed, out of memory): a new one next time
+        with _READER_LOCK:
+            _READER = None
+        raise
 
 
 def _stage(frame: DataFrame, settings: Settings, name: str, path: str) -> None:

@@ -1,0 +1,100 @@
+"""The tile feed's garbage-collection policy (pipelines.streaming.heap) on this interpreter's collector."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Iterator
+
+import pytest
+
+from pipelines.streaming.heap import GcPauses, HeapFreezer
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.me = self  # a reference cycle: only the cyclic collector frees it
+
+
+@pytest.fixture
+def quiet_gc() -> Iterator[None]:
+    """No automatic collection during the test (it would decide for us); nothing stays frozen after."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    gc.unfreeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if was_enabled:
+            gc.enable()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_due_step_frees_young_cycles_then_freezes_the_survivors(quiet_gc: None) -> None:
+    clock = _Clock()
+    freezer = HeapFreezer(10.0, clock=clock)
+    kept = [_Node() for _ in range(100)]  # state the feed holds on to
+    garbage = _Node()
+    dead = weakref.ref(garbage)
+    del garbage
+
+    clock.now += 10.0
+    assert freezer.step()
+
+    assert dead() is None, "a cycle that was already garbage must be freed, not frozen"
+    assert gc.get_freeze_count() >= len(kept)
+    frozen = gc.get_freeze_count()
+    # what is frozen is out of the collector's reach: a full collection walks only the rest
+    later = _Node()
+    assert gc.is_tracked(later)
+    gc.collect()
+    assert gc.get_freeze_count() == frozen
+
+
+def test_steps_before_the_interval_do_nothing(quiet_gc: None) -> None:
+    clock = _Clock()
+    freezer = HeapFreezer(10.0, clock=clock)
+    clock.now += 9.9
+    assert not freezer.step()
+    assert gc.get_freeze_count() == 0
+    clock.now += 0.1
+    assert freezer.step()
+    first = gc.get_freeze_count()
+    clock.now += 5.0  # the next one is due 10 s after the last, not after the start
+    assert not freezer.step()
+    assert gc.get_freeze_count() == first
+
+
+def test_zero_seconds_never_freezes(quiet_gc: None) -> None:
+    clock = _Clock()
+    freezer = HeapFreezer(0.0, clock=clock)
+    for _ in range(3):
+        clock.now += 1_000.0
+        assert not freezer.step()
+    assert gc.get_freeze_count() == 0
+
+
+def test_pauses_report_full_collections_and_reset(quiet_gc: None) -> None:
+    pauses = GcPauses()
+    pauses.install()
+    try:
+        gc.collect()
+        gc.collect(0)
+        assert pauses.max_s > 0
+        fields = pauses.take()
+        assert fields["rt_gc_full_collections"] == "1"
+        again = pauses.take()
+        assert again["rt_gc_full_collections"] == "0"
+        assert again["rt_gc_pause_max_s"] == "0.000"
+    finally:
+        pauses.remove()
+    gc.collect()
+    assert pauses.take()["rt_gc_full_collections"] == "0", "removed: no longer counting"
