@@ -197,6 +197,11 @@ def stream(
         help="microbatch or realtime (online path in Spark's Real-time Mode); default SHOPSTREAM_STREAM_MODE."
     )] = None,
     timeout: Annotated[float | None, typer.Option(min=1.0, help="Stop after this many seconds.")] = None,
+    offline_only: Annotated[bool, typer.Option(
+        "--offline-only", help="Only the Parquet sinks (raw events, quarantine), no online path, at a lower CPU "
+                               "priority (SHOPSTREAM_STREAM_REALTIME_OFFLINE_NICE): what Real-time Mode runs beside "
+                               "its online query."
+    )] = False,
 ) -> None:
     """Run the streaming feature job: Kafka -> validation -> quarantine, Parquet offline store, Redis features.
 
@@ -205,6 +210,8 @@ def stream(
     Ctrl-C stops it after the running micro-batch (SHOPSTREAM_STREAM_STOP_GRACE_SECONDS);
     a second one at once.
     """
+    from dataclasses import replace
+
     from pipelines.stream import StreamFailed, StreamOptions, run_stream
 
     settings = load_settings()
@@ -216,6 +223,14 @@ def stream(
         raise UserError("--available-now and --until-idle are alternatives; pick one")
     stop = "available_now" if available_now else ("idle" if until_idle is not None else "never")
     options = StreamOptions(stop=stop, idle_seconds=until_idle or 0.0, timeout_seconds=timeout)
+    if offline_only:
+        from pipelines.streaming.offline_process import die_with_parent, lower_priority
+
+        if settings.stream_mode != "microbatch":
+            raise UserError("--offline-only runs the micro-batch query; drop --mode realtime")
+        die_with_parent()
+        lower_priority(settings)  # before Spark starts: its JVM's threads inherit it
+        options = replace(options, online=False, snapshots=False)
     try:
         recorder = run_stream(settings, options, stop_session=True, stop_on_signals=True)
     except StreamFailed as exc:
@@ -224,6 +239,9 @@ def stream(
         raise UserError(f"the streaming query failed: {exc} (restart resumes from the checkpoint;"
                         " --debug for the full error)") from exc
     t = recorder.totals
+    if settings.stream_mode == "realtime":  # the Parquet sinks' process printed its own totals
+        out.print("stream stopped (Real-time Mode): online figures in `shopstream status`")
+        return
     out.print(f"stream stopped after {t.batches} batches: {t.input_rows} records read, "
               f"{t.on_time} events stored, {t.quarantined} quarantined ({t.late} late), "
               f"{t.duplicates_dropped} duplicates dropped")

@@ -648,23 +648,34 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
         if stop_on_signals:
             graceful.__enter__()  # after the session: PySpark installs its own SIGINT handler
         if settings.stream_mode == "realtime" and options.online:
+            from pipelines.streaming.offline_process import OfflineSinksProcess
             from pipelines.streaming.realtime import check_slots, start_realtime
 
             check_slots(spark, settings)
-
             rtm = start_realtime(spark, settings, snapshots=options.snapshots)
-            options = StreamOptions(stop=options.stop, idle_seconds=options.idle_seconds,
-                                    online=False, snapshots=False,
-                                    timeout_seconds=options.timeout_seconds)
+            # the Parquet sinks' micro-batch query: a process of its own, at a lower priority
+            sinks = OfflineSinksProcess(settings, stop=options.stop,
+                                        idle_seconds=options.idle_seconds)
+            sinks.start()
+            recorder.publish_state("running")
+            state = "failed"
+            try:
+                why = _wait_realtime(rtm, sinks, options, stop_requested=graceful.requested,
+                                     grace_seconds=settings.stream_stop_grace_seconds)
+            except BaseException as exc:
+                state = _failed_state(exc)
+                raise
+            state = f"stopped: {graceful.signal_name}" if why == "signal" else f"stopped: {why}"
+            return recorder
         processor = BatchProcessor(settings, query_checkpoint(settings), recorder,
                                    online=options.online, snapshots=options.snapshots)
-        trigger_seconds = trigger_seconds_of(settings, realtime=rtm is not None)
+        trigger_seconds = settings.stream_trigger_seconds
         query = start_stream(spark, settings, options, recorder, processor, trigger_seconds)
         log.info("stream %s started: topic %s, checkpoint %s, trigger %s", QUERY_NAME,
                  settings.kafka_topic_events, query_checkpoint(settings),
                  "availableNow" if options.stop == "available_now"
-                 else f"{trigger_seconds}s" + (" (Parquet sinks; the online path in Real-time "
-                                               "Mode)" if rtm is not None else ""))
+                 else f"{trigger_seconds}s" + (" (Parquet sinks only)" if not options.online
+                                               else ""))
         if options.stop == "idle":
             options = replace(options, idle_seconds=idle_wait_seconds(options.idle_seconds,
                                                                       trigger_seconds))
@@ -676,8 +687,7 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
             why = _wait(query, options, extra=rtm, stop_requested=graceful.requested,
                         grace_seconds=settings.stream_stop_grace_seconds, processor=processor)
         except BaseException as exc:
-            state = ("stopped: interrupted" if isinstance(exc, KeyboardInterrupt)
-                     else f"failed: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}")
+            state = _failed_state(exc)
             with contextlib.suppress(Exception):  # the query's own failure is the one to report
                 processor.close()
             raise
@@ -693,6 +703,64 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
             spark.streams.removeListener(listener)
         recorder.flush()
     return recorder
+
+
+def _failed_state(exc: BaseException) -> str:
+    """What ``shopstream status`` shows for a job that ended with ``exc``."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "stopped: interrupted"
+    return f"failed: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
+
+
+def _wait_realtime(rtm: Any, sinks: Any, options: StreamOptions,
+                   stop_requested: threading.Event, grace_seconds: float = 120.0) -> str:
+    """:func:`_wait` for Real-time Mode: the Real-time query and its feed here, the Parquet
+    sinks in their process (:class:`pipelines.streaming.offline_process.OfflineSinksProcess`,
+    started with the same stop condition). Stops both; raises :class:`StreamFailed` if
+    either failed."""
+    deadline = time.monotonic() + options.timeout_seconds if options.timeout_seconds else None
+    idle_since: float | None = None
+    why = "caught up"
+    try:
+        while True:
+            if stop_requested.is_set():
+                why = "signal"
+                break
+            if rtm.query.awaitTermination(0.5):
+                break
+            sinks_done = sinks.check()
+            if deadline is not None and time.monotonic() > deadline:
+                log.warning("stream: timeout after %.0f s, stopping", options.timeout_seconds)
+                why = "timeout"
+                break
+            if options.stop == "never":
+                if sinks_done:
+                    raise StreamFailed("the Parquet sinks' process (shopstream stream "
+                                       "--offline-only) stopped by itself")
+            elif sinks_done and rtm.caught_up():
+                # the sinks stopped by the same rule (idle, or all that was there at start)
+                idle_since = idle_since or time.monotonic()
+                if options.stop == "available_now" or (
+                        time.monotonic() - idle_since >= options.idle_seconds):
+                    why = "idle" if options.stop == "idle" else "caught up"
+                    if why == "idle":
+                        log.info("stream: no new input for %.0f s, stopping", options.idle_seconds)
+                    break
+            else:
+                idle_since = None
+    finally:
+        try:
+            sinks.stop(grace_seconds)
+        finally:
+            rtm.stop()
+    exc = rtm.query.exception()
+    if exc is not None:
+        raise StreamFailed(_summarize(exc)) from exc
+    try:
+        sinks.check()
+    except RuntimeError as exc:
+        raise StreamFailed(str(exc)) from exc
+    return why
 
 
 def _wait(query: StreamingQuery, options: StreamOptions, extra: Any = None,

@@ -11,6 +11,7 @@ query for the Parquet sinks + Real-time query for Redis) on the data set of
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -491,6 +492,28 @@ def keyed_rows_of(spark: Any, events: Any) -> list[dict[str, Any]]:
             for r in keyed_tiles(events, slide_seconds=60, last_items_n=4).collect()]
 
 
+def _sinks_process(log_path: Path, timeout_s: float = 60.0) -> int | None:
+    """The pid of the Parquet sinks' process, from the driver's log line about it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        logged = " ".join(log_path.read_text().split())  # the console log wraps long lines
+        found = re.search(r"Parquet sinks: process (\d+) \(shopstream stream --offline-only", logged)
+        if found:
+            return int(found.group(1))
+        time.sleep(0.5)
+    return None
+
+
+def _nice_of(pid: int, timeout_s: float = 30.0) -> int:
+    """Its nice value once it has lowered it (it does so first thing, before Spark starts)."""
+    deadline = time.monotonic() + timeout_s
+    nice = os.getpriority(os.PRIO_PROCESS, pid)
+    while nice == 0 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        nice = os.getpriority(os.PRIO_PROCESS, pid)
+    return nice
+
+
 def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
     make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any, spark: Any,
     tmp_path: Path,
@@ -521,6 +544,10 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
                 assert job.poll() is None, log_path.read_text()[-3000:]
                 assert time.monotonic() < deadline, "the feed wrote nothing within 600 s"
                 time.sleep(0.2)
+            # the Parquet sinks' query runs as a process of its own, at a lower CPU priority
+            sinks = _sinks_process(log_path)
+            assert sinks is not None, log_path.read_text()[-3000:]
+            assert _nice_of(sinks) == settings.stream_realtime_offline_nice > 0
             produce(settings, first[300:])
             assert job.wait(timeout=900) == 0, log_path.read_text()[-3000:]
         finally:
