@@ -728,7 +728,10 @@ def _wait_realtime(rtm: Any, sinks: Any, options: StreamOptions,
                 break
             if rtm.query.awaitTermination(0.5):
                 break
-            sinks_done = sinks.check()
+            try:
+                sinks_done = sinks.check()
+            except RuntimeError as exc:  # the sinks' process failed: so does the job
+                raise StreamFailed(str(exc)) from exc
             if deadline is not None and time.monotonic() > deadline:
                 log.warning("stream: timeout after %.0f s, stopping", options.timeout_seconds)
                 why = "timeout"
