@@ -641,7 +641,6 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
     recorder = MetricsRecorder(settings)
     listener = ProgressListener(recorder)
     spark.streams.addListener(listener)
-    rtm = None
     graceful = GracefulStop("stream")
     state: str | None = None  # what `shopstream status` shows once the query started
     try:
@@ -684,7 +683,7 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
         if on_started is not None:
             on_started(query)
         try:
-            why = _wait(query, options, extra=rtm, stop_requested=graceful.requested,
+            why = _wait(query, options, stop_requested=graceful.requested,
                         grace_seconds=settings.stream_stop_grace_seconds, processor=processor)
         except BaseException as exc:
             state = _failed_state(exc)
@@ -766,10 +765,10 @@ def _wait_realtime(rtm: Any, sinks: Any, options: StreamOptions,
     return why
 
 
-def _wait(query: StreamingQuery, options: StreamOptions, extra: Any = None,
+def _wait(query: StreamingQuery, options: StreamOptions,
           stop_requested: threading.Event | None = None, grace_seconds: float = 120.0,
           processor: BatchProcessor | None = None) -> str:
-    """Until the query ends or a stop condition holds; then stop it (and ``extra``).
+    """Until the query ends or a stop condition holds; then stop it.
 
     Returns why: ``signal``, ``timeout``, ``idle`` or ``caught up`` (it ended by itself,
     as an available-now run does); raises :class:`StreamFailed` if it failed.
@@ -789,7 +788,7 @@ def _wait(query: StreamingQuery, options: StreamOptions, extra: Any = None,
                 why = "timeout"
                 break
             if options.stop == "idle":
-                if _caught_up(query) and (extra is None or extra.caught_up()):
+                if _caught_up(query):
                     idle_since = idle_since or time.monotonic()
                     if time.monotonic() - idle_since >= options.idle_seconds:
                         log.info("stream: no new input for %.0f s, stopping", options.idle_seconds)
@@ -800,8 +799,6 @@ def _wait(query: StreamingQuery, options: StreamOptions, extra: Any = None,
     finally:
         if query.isActive:
             stop_gracefully(query, wait_seconds=grace_seconds, processor=processor)
-        if extra is not None:
-            extra.stop()
     exc = query.exception()
     if exc is not None:
         raise StreamFailed(_summarize(exc)) from exc

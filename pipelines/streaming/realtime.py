@@ -819,13 +819,12 @@ a broadcast of the next epoch's plan interrupted)."""
 
 
 def required_slots(settings: Settings) -> int:
-    """Task slots Real-time Mode holds (Kafka partitions + 2 one-partition stateful stages)
-    plus what may run beside it: the micro-batch query's two Parquet sinks, concurrent
-    jobs each on its shuffle partitions, and a feature snapshot (with fewer free slots
-    the pipelined stage group fails with CONCURRENT_SCHEDULER_INSUFFICIENT_SLOT when it
-    starts its next batch, seen in a test run)."""
-    return (settings.kafka_topic_partitions + 2 + 2 * settings.spark_shuffle_partitions
-            + SNAPSHOT_SLOTS)
+    """Task slots the Real-time driver holds: Kafka partitions + 2 one-partition stateful
+    stages, plus a feature snapshot that may run beside them (with fewer free slots the
+    pipelined stage group fails with CONCURRENT_SCHEDULER_INSUFFICIENT_SLOT when it starts
+    its next batch, seen in a test run). The Parquet sinks' micro-batch query runs in a
+    process of its own (:mod:`pipelines.streaming.offline_process`), on its own slots."""
+    return settings.kafka_topic_partitions + 2 + SNAPSHOT_SLOTS
 
 
 def check_slots(spark: SparkSession, settings: Settings) -> None:
@@ -839,8 +838,7 @@ def check_slots(spark: SparkSession, settings: Settings) -> None:
     if slots < need:
         raise RuntimeError(
             f"Real-time Mode needs {need} concurrent task slots ({settings.kafka_topic_partitions} "
-            f"Kafka partitions + 2 stateful stages, plus 2 x {settings.spark_shuffle_partitions} for "
-            f"the micro-batch query's two sinks and {SNAPSHOT_SLOTS} for a feature snapshot) but "
+            f"Kafka partitions + 2 stateful stages, plus {SNAPSHOT_SLOTS} for a feature snapshot) but "
             f"{master} has {slots}; Spark would fail with "
             "CONCURRENT_SCHEDULER_INSUFFICIENT_SLOT. Set SHOPSTREAM_SPARK_MASTER=local["
             f"{need}] (threads; they may exceed the cores) or add executors.")
