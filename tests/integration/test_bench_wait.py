@@ -3,6 +3,7 @@ a run that never catches up says how far behind it was, and where."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -34,13 +35,35 @@ def test_a_realtime_run_behind_names_the_lag_and_its_parts(
     assert "realtime: waiting to catch up" in capsys.readouterr().out  # progress while waiting
 
 
-def test_a_clock_within_the_lag_returns_at_once(settings: Settings, redis_client: Any) -> None:
+def test_a_clock_that_stays_within_the_lag_counts_once_held(settings: Settings,
+                                                             redis_client: Any) -> None:
+    stop = threading.Event()
+
+    def tick() -> None:  # a mode that keeps up: its clock moves with now
+        while not stop.wait(0.1):
+            redis_client.set(rt_clock_key(), int(time.time() * 1e6))
+
     redis_client.set(rt_clock_key(), int(time.time() * 1e6))
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        caught_up, last = st._wait_for_clock(settings, "realtime", lambda: True, 10.0, hold_s=1.0)
+    finally:
+        stop.set()
+        ticker.join()
 
-    caught_up, last = st._wait_for_clock(settings, "realtime", lambda: True, 10.0)
-
-    assert caught_up is not None and caught_up < 5
+    assert caught_up is not None and 1.0 <= caught_up < 5
     assert last.endswith("s behind")
+
+
+def test_a_clock_that_touches_now_once_has_not_caught_up(settings: Settings,
+                                                          redis_client: Any) -> None:
+    redis_client.set(rt_clock_key(), int(time.time() * 1e6))  # then no more tiles: still draining
+
+    caught_up, last = st._wait_for_clock(settings, "realtime", lambda: True, 3.0, hold_s=2.0)
+
+    assert caught_up is None
+    assert float(last.split(" s behind")[0]) > st.CAUGHT_UP_LAG_S["realtime"]
 
 
 def test_no_clock_at_all_says_so(settings: Settings, redis_client: Any) -> None:
