@@ -53,10 +53,16 @@ __all__ = [
     "write_textfile",
     "read_progress",
     "format_batch_line",
+    "format_epoch_line",
+    "REALTIME_QUERY_NAME",
     "prometheus_text",
 ]
 
 log = logging.getLogger(__name__)
+
+REALTIME_QUERY_NAME = "shopstream-online-rtm"
+"""The Real-time Mode query's name (:mod:`pipelines.streaming.realtime`): its epochs
+get a line of their own (:func:`format_epoch_line`), not the micro-batch line."""
 
 PREFIX = "shopstream_stream"
 
@@ -194,6 +200,20 @@ def format_batch_line(m: BatchMetrics) -> str:
             f"{fresh}, clock {m.clock or '-'}{_phases(m)}")
 
 
+def format_epoch_line(progress: Mapping[str, Any]) -> str:
+    """The one INFO line per Real-time epoch: its rows, its length, and Spark's phases
+    (``durationMs`` without the epoch itself, ``addBatch``) largest first, so time spent
+    between two epochs, when nothing reaches the tiles, shows by name."""
+    durations = {k: int(v) for k, v in (progress.get("durationMs") or {}).items()}
+    epoch_ms = durations.pop("triggerExecution", 0)
+    running_ms = durations.pop("addBatch", 0)
+    phases = ", ".join(f"{name} {ms / 1000:.2f}s" for name, ms in
+                       sorted(durations.items(), key=lambda kv: -kv[1]) if ms)
+    return (f"real-time epoch {progress.get('batchId')}: {int(progress.get('numInputRows', 0)):,} "
+            f"rows in {epoch_ms / 1000:.1f}s (running {running_ms / 1000:.1f}s"
+            + (f"; {phases}" if phases else "") + ")")
+
+
 def _phases(m: BatchMetrics) -> str:
     """``; read+validate 4.30s, online 3.60s, Parquet 1.20s`` (the parts that ran)."""
     parts = [f"{name} {value:.2f}s" for name, value in
@@ -294,6 +314,9 @@ class MetricsRecorder:
 
     def on_progress(self, progress: dict[str, Any]) -> BatchMetrics | None:
         """Called by the listener with ``StreamingQueryProgress.json`` as a dict."""
+        if progress.get("name") == REALTIME_QUERY_NAME:
+            log.info(format_epoch_line(progress))
+            return None
         batch_id = int(progress.get("batchId", -1))
         with self._lock:
             stats = self._stats.get(batch_id)

@@ -75,6 +75,7 @@ from pipelines.redis_batch import CommandBatch, as_dict
 from pipelines.settings import Settings
 from pipelines.spark import STREAM_POOL, detached, quiet_loggers, scheduler_pool
 from pipelines.stream import is_redis_outage, redis_outage_of
+from pipelines.stream_metrics import REALTIME_QUERY_NAME
 from pipelines.stream_state import DIRTY_TTL_SECONDS, dirty_key
 from pipelines.streaming.heap import GcPauses, HeapFreezer
 from pipelines.streaming.pyfeatures import (
@@ -110,7 +111,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-QUERY_NAME = "shopstream-online-rtm"
+QUERY_NAME = REALTIME_QUERY_NAME
 POLL_MS = 20
 """The feed's Kafka poll timeout: tiles reach Redis at most about this long after arriving."""
 TOP_EVERY_SECONDS = 0.25

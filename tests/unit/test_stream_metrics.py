@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pipelines.settings import Settings
 from pipelines.stream_metrics import (
+    REALTIME_QUERY_NAME,
     BatchStats,
     MetricsRecorder,
     format_batch_line,
+    format_epoch_line,
     progress_path,
     prometheus_text,
     read_progress,
@@ -79,6 +82,26 @@ def test_one_info_line_per_batch_says_what_happened(settings: Settings) -> None:
                  "freshness p50 0.40s p99 0.90s max 1.20s", "clock 2024-06-01T12:00:00",
                  "; read+validate 0.45s, online 0.30s, Parquet 0.20s"):
         assert part in line
+
+
+def test_a_realtime_epoch_gets_its_own_line_with_the_time_between_epochs(
+        settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    """Real-time epochs reach no ``foreachBatch``: one line says how long the epoch ran and
+    what Spark spent around it, largest first (where the tiles stopped between epochs)."""
+    recorder = MetricsRecorder(settings, _client=DownRedis())
+    recorder.record_batch(_stats())  # a micro-batch of the same id must not be taken for it
+    progress = {"name": REALTIME_QUERY_NAME, "batchId": 7, "numInputRows": 30_012,
+                "durationMs": {"triggerExecution": 31_960, "addBatch": 30_020,
+                               "queryPlanning": 410, "walCommit": 55, "commitOffsets": 1_200,
+                               "latestOffset": 0}}
+    with caplog.at_level(logging.INFO, logger="pipelines.stream_metrics"):
+        assert recorder.on_progress(progress) is None
+    assert recorder.totals.batches == 0
+    lines = [r.getMessage() for r in caplog.records if "real-time epoch" in r.getMessage()]
+    assert lines == ["real-time epoch 7: 30,012 rows in 32.0s (running 30.0s; commitOffsets "
+                     "1.20s, queryPlanning 0.41s, walCommit 0.06s)"]
+    assert format_epoch_line({"batchId": 0, "numInputRows": 0}) == (
+        "real-time epoch 0: 0 rows in 0.0s (running 0.0s)")
 
 
 def test_batch_line_names_only_the_parts_that_ran(settings: Settings) -> None:
