@@ -267,9 +267,9 @@ def _probe(settings: Any, topic: str, probes: int, gap_s: float, timeout_s: floa
 def _realtime_driver(run_settings: Any, log_path: Path) -> subprocess.Popen[bytes]:
     """``shopstream stream`` in Real-time Mode as its own driver, on the task slots it needs.
 
-    Real-time Mode holds all its tasks at once (Kafka partitions + stateful stages + the
-    micro-batch sinks), more than ``local[2]`` has; threads beyond the cores are how it
-    runs on this machine (the CPU is still 2 cores, shared with the probes).
+    Real-time Mode holds all its tasks at once (Kafka partitions + stateful stages), more
+    than ``local[2]`` has; threads beyond the cores are how it runs on this machine (the
+    CPU is still 2 cores, shared with the probes and the Parquet sinks' process).
     """
     from pipelines.streaming.realtime import required_slots
 

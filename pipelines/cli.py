@@ -202,6 +202,10 @@ def stream(
                                "priority (SHOPSTREAM_STREAM_REALTIME_OFFLINE_NICE): what Real-time Mode runs beside "
                                "its online query."
     )] = False,
+    realtime_snapshots: Annotated[bool, typer.Option(
+        "--realtime-snapshots", help="With --offline-only: also write the feature snapshots Real-time Mode's "
+                                     "tile feed asks for (what its Parquet sinks' process does)."
+    )] = False,
 ) -> None:
     """Run the streaming feature job: Kafka -> validation -> quarantine, Parquet offline store, Redis features.
 
@@ -230,7 +234,11 @@ def stream(
             raise UserError("--offline-only runs the micro-batch query; drop --mode realtime")
         die_with_parent()
         lower_priority(settings)  # before Spark starts: its JVM's threads inherit it
-        options = replace(options, online=False, snapshots=False)
+        options = replace(options, online=False, snapshots=False,
+                          realtime_snapshots=realtime_snapshots)
+    elif realtime_snapshots:
+        raise UserError("--realtime-snapshots goes with --offline-only (Real-time Mode's Parquet "
+                        "sinks' process)")
     try:
         recorder = run_stream(settings, options, stop_session=True, stop_on_signals=True)
     except StreamFailed as exc:

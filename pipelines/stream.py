@@ -118,12 +118,19 @@ class StreamOptions:
         (stop after ``idle_seconds`` without new input; tests and demos).
     online
         Write features to Redis from this query (off when Real-time Mode does it).
+    snapshots
+        Write feature snapshots (this query's, or in Real-time Mode those the feed
+        asks for).
+    realtime_snapshots
+        Beside this query, write the snapshots Real-time Mode's feed asks for (what
+        its Parquet sinks' process does: :mod:`pipelines.streaming.rt_snapshots`).
     """
 
     stop: Literal["never", "available_now", "idle"] = "never"
     idle_seconds: float = 10.0
     online: bool = True
     snapshots: bool = True
+    realtime_snapshots: bool = False
     timeout_seconds: float | None = None
 
 
@@ -654,7 +661,8 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
             rtm = start_realtime(spark, settings, snapshots=options.snapshots)
             # the Parquet sinks' micro-batch query: a process of its own, at a lower priority
             sinks = OfflineSinksProcess(settings, stop=options.stop,
-                                        idle_seconds=options.idle_seconds)
+                                        idle_seconds=options.idle_seconds,
+                                        snapshots=options.snapshots)
             sinks.start()
             recorder.publish_state("running")
             state = "failed"
@@ -680,17 +688,33 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
                                                                       trigger_seconds))
         recorder.publish_state("running")
         state = "failed"
+        poller = None
+        if options.realtime_snapshots:
+            from pipelines.streaming.rt_snapshots import SnapshotPoller
+
+            poller = SnapshotPoller(settings, spark)
+            poller.start()
         if on_started is not None:
             on_started(query)
         try:
             why = _wait(query, options, stop_requested=graceful.requested,
-                        grace_seconds=settings.stream_stop_grace_seconds, processor=processor)
+                        grace_seconds=settings.stream_stop_grace_seconds, processor=processor,
+                        beside=poller.check if poller is not None else None)
         except BaseException as exc:
             state = _failed_state(exc)
             with contextlib.suppress(Exception):  # the query's own failure is the one to report
                 processor.close()
+            if poller is not None:
+                with contextlib.suppress(Exception):
+                    poller.stop(drain=False)
             raise
         processor.close()
+        if poller is not None:
+            try:
+                poller.stop()  # the snapshots asked for by now are written first
+            except RuntimeError as exc:
+                state = _failed_state(exc)
+                raise StreamFailed(str(exc)) from exc
         state = f"stopped: {graceful.signal_name}" if why == "signal" else f"stopped: {why}"
     finally:
         graceful.__exit__(None, None, None)
@@ -767,11 +791,13 @@ def _wait_realtime(rtm: Any, sinks: Any, options: StreamOptions,
 
 def _wait(query: StreamingQuery, options: StreamOptions,
           stop_requested: threading.Event | None = None, grace_seconds: float = 120.0,
-          processor: BatchProcessor | None = None) -> str:
+          processor: BatchProcessor | None = None,
+          beside: Callable[[], None] | None = None) -> str:
     """Until the query ends or a stop condition holds; then stop it.
 
     Returns why: ``signal``, ``timeout``, ``idle`` or ``caught up`` (it ended by itself,
-    as an available-now run does); raises :class:`StreamFailed` if it failed.
+    as an available-now run does); raises :class:`StreamFailed` if it failed, or if
+    ``beside`` (the check of work running beside the query) raised.
     """
     deadline = time.monotonic() + options.timeout_seconds if options.timeout_seconds else None
     idle_since: float | None = None
@@ -783,6 +809,11 @@ def _wait(query: StreamingQuery, options: StreamOptions,
                 break
             if query.awaitTermination(0.5):
                 break
+            if beside is not None:
+                try:
+                    beside()
+                except RuntimeError as exc:
+                    raise StreamFailed(str(exc)) from exc
             if deadline is not None and time.monotonic() > deadline:
                 log.warning("stream: timeout after %.0f s, stopping", options.timeout_seconds)
                 why = "timeout"

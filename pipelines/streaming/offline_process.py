@@ -72,14 +72,18 @@ def die_with_parent() -> None:
 class OfflineSinksProcess:
     """``shopstream stream --offline-only`` beside the Real-time query (module docstring)."""
 
-    def __init__(self, settings: Settings, *, stop: str, idle_seconds: float) -> None:
+    def __init__(self, settings: Settings, *, stop: str, idle_seconds: float,
+                 snapshots: bool = True) -> None:
         self.settings = settings
         self.stop_mode = stop
         self.idle_seconds = idle_seconds
+        self.snapshots = snapshots
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         args = [sys.executable, "-m", "pipelines.cli", "stream", "--offline-only"]
+        if self.snapshots:  # the feature snapshots the feed asks for, off the online path
+            args.append("--realtime-snapshots")
         if self.stop_mode == "available_now":
             args.append("--available-now")
         elif self.stop_mode == "idle":
@@ -93,8 +97,9 @@ class OfflineSinksProcess:
         # its own session: a Ctrl-C in the terminal reaches the parent, which stops it
         # with one SIGTERM (a second signal would stop it mid-batch)
         self._proc = subprocess.Popen(args, env=env, start_new_session=True)
-        log.info("Parquet sinks: process %d (shopstream stream --offline-only, nice +%d, "
-                 "trigger %ss)", self._proc.pid, self.settings.stream_realtime_offline_nice, trigger)
+        log.info("Parquet sinks: process %d (shopstream stream --offline-only%s, nice +%d, "
+                 "trigger %ss)", self._proc.pid, " --realtime-snapshots" if self.snapshots else "",
+                 self.settings.stream_realtime_offline_nice, trigger)
 
     @property
     def returncode(self) -> int | None:

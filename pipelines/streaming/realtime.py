@@ -32,9 +32,11 @@ Feature snapshots: the feed adds the entities it touches to the set of the clock
 tile (as the micro-batch path does, :func:`pipelines.stream_state.dirty_key`); when
 a flush moves the clock into a new tile, a Lua script records, atomically with the
 new boundary, a snapshot asked for (the tiles since the last boundary) in a Redis
-hash. A thread of the driver writes it (:func:`pipelines.streaming.snapshot.write_served_snapshot`:
-staged, moved in, then the request is deleted), so a request a crash or a Redis
-outage interrupted is written by the next start, once.
+hash. The Parquet sinks' process writes it, not this driver
+(:mod:`pipelines.streaming.rt_snapshots`: who writes which, and why;
+:func:`pipelines.streaming.snapshot.write_served_snapshot`: staged, moved in, then the
+request is deleted), so a request a crash or a Redis outage interrupted is written by
+the next start, once.
 
 The finalize step is the Python twin of :mod:`features.windows`
 (:mod:`pipelines.streaming.pyfeatures`, shared with the micro-batch path;
@@ -62,7 +64,6 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -73,8 +74,8 @@ import orjson
 from features.windows import LONG_WINDOW, WINDOW_SECONDS
 from pipelines.redis_batch import CommandBatch, as_dict
 from pipelines.settings import Settings
-from pipelines.spark import STREAM_POOL, detached, quiet_loggers, scheduler_pool
-from pipelines.stream import is_redis_outage, redis_outage_of
+from pipelines.spark import STREAM_POOL, quiet_loggers, scheduler_pool
+from pipelines.stream import is_redis_outage
 from pipelines.stream_metrics import REALTIME_QUERY_NAME
 from pipelines.stream_state import DIRTY_TTL_SECONDS, dirty_key
 from pipelines.streaming.heap import GcPauses, HeapFreezer
@@ -88,6 +89,7 @@ from pipelines.streaming.pyfeatures import (
     rank_top_items,
     tile_of,
 )
+from pipelines.streaming.rt_snapshots import AskedSnapshots, rt_snapshot_keys
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -141,21 +143,6 @@ def rt_clock_key() -> str:
     from features import online_keys
 
     return online_keys.key("stream", "rt", "clock")
-
-
-def rt_snapshot_keys() -> tuple[str, str]:
-    """The tile of the last snapshot boundary, and the hash of snapshots asked for and
-    not written yet (tile -> first tile covered)."""
-    from features import online_keys
-
-    return (online_keys.key("stream", "rt", "snapshot-tile"),
-            online_keys.key("stream", "rt", "snapshots-due"))
-
-
-SNAPSHOT_SLOTS = 3
-"""Task slots a feature snapshot holds while it runs (three jobs side by side; the
-short tasks of a large one take turns on these slots)."""
-_SNAPSHOT_GROUP = "shopstream-rt-snapshot"
 
 
 # ------------------------------------------------------------------ writer
@@ -251,7 +238,6 @@ class RealtimeWriter:
 
         self._client = redis.Redis(**self.redis_kwargs)
         self._clock = self._client.register_script(_CLOCK_LUA)
-        self.snapshot_asked = False
         self._buffer: list[dict[str, Any]] = []
         self._next_top = 0.0
         self.top_dirty = False
@@ -433,7 +419,8 @@ class RealtimeWriter:
         replies = batch.execute()
         stamped = dict(zip(feast_keys, replies[stamps:], strict=True))
         if replies[0]:
-            self.snapshot_asked = True
+            log.info("real-time: the clock entered tile %d; its feature snapshot is asked for",
+                     current)
         now = time.monotonic()
         horizon = current - WINDOW_SECONDS[LONG_WINDOW]
         for key, stored in zip(loads, replies[marks:marks + len(loads)], strict=True):
@@ -477,11 +464,6 @@ class RealtimeWriter:
         if stale:
             self._stale.append((rt_tiles_key(kind, key), stale))
         return live
-
-    def snapshots_asked(self) -> dict[int, int]:
-        """The snapshots asked for and not written yet: tile -> the first tile covered."""
-        asked = self._client.hgetall(rt_snapshot_keys()[1])
-        return {int(tile): int(first) for tile, first in asked.items()}
 
     def _write_top(self, as_of: datetime) -> None:
         """Rank the lists from the running totals (:class:`SalesTotals`, kept by
@@ -551,88 +533,36 @@ class TileFeed:
     commit and retries for ``stream_redis_outage_seconds``), replays full tiles,
     which rewrite the same values.
 
-    With ``spark``, the feature snapshots the writer asks for are written by one
-    thread beside the feed (Spark jobs of their own group), one at a time; those
-    still asked for when the feed starts (a crash, an outage) first.
+    The feature snapshots it asks for are written by another process
+    (:mod:`pipelines.streaming.rt_snapshots`).
     """
 
-    def __init__(self, settings: Settings, spark: SparkSession | None = None) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.topic = settings.kafka_topic_rt_tiles
         self.writer = RealtimeWriter(settings)
-        self.spark = spark
         self._stop = threading.Event()
         self._idle = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="rt-tile-feed", daemon=True)
-        self._snapshot_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rt-snapshot")
-        self._snapshots: dict[int, Future[None]] = {}  # tile -> its run, while it runs
-        self._snapshots_redo = True  # look up the snapshots asked for (at start, after an outage)
 
     def start(self) -> None:
         self._thread.start()
 
     def caught_up(self) -> bool:
-        """Every tile the query has sent so far is in Redis, and the snapshots are written."""
+        """Every tile the query has sent so far is in Redis."""
         self.check()
-        return self._idle.is_set() and not self._snapshots
+        return self._idle.is_set()
 
     def check(self) -> None:
         if self._error is not None:
             raise RuntimeError(f"real-time tile feed failed: {self._error}") from self._error
 
     def stop(self, timeout_s: float = 120.0) -> None:
-        """Write what the topic holds and the snapshots asked for, then stop."""
+        """Write what the topic holds, then stop."""
         self._stop.set()
         self._thread.join(timeout_s)
-        self._snapshot_pool.shutdown(wait=True)
-        for tile, future in sorted(self._snapshots.items()):
-            if (outage := redis_outage_of(future)) is not None:
-                # still asked for in Redis: the next start writes it
-                log.warning("real-time: the snapshot of tile %d was not written (Redis "
-                            "unreachable: %s); the next start writes it", tile, outage)
-        self._snapshots = {}
         self.check()
-
-    # ---------------------------------------------------------- snapshots
-    def _snapshots_step(self) -> None:
-        """Collect finished snapshots (an outage: asked for again), submit those asked for."""
-        for tile, future in list(self._snapshots.items()):
-            if future.done():
-                del self._snapshots[tile]
-                if (outage := redis_outage_of(future)) is not None:
-                    log.warning("real-time: the snapshot of tile %d was not written (Redis "
-                                "unreachable: %s); trying again", tile, outage)
-                    self._snapshots_redo = True
-        if self.spark is None or not (self.writer.snapshot_asked or self._snapshots_redo):
-            return
-        asked = self.writer.snapshots_asked()
-        self.writer.snapshot_asked = self._snapshots_redo = False
-        for tile in sorted(asked):
-            if tile not in self._snapshots:
-                self._snapshots[tile] = self._snapshot_pool.submit(
-                    detached(self.spark, self._write_snapshot, _SNAPSHOT_GROUP),
-                    tile, asked[tile])
-
-    def _write_snapshot(self, tile: int, first: int) -> None:
-        import redis
-
-        from pipelines.streaming.snapshot import write_served_snapshot
-
-        assert self.spark is not None
-        slide = self.settings.feature_slide_seconds
-        kwargs = self.writer.redis_kwargs
-
-        def done() -> None:
-            client = redis.Redis(**kwargs)
-            try:
-                client.hdel(rt_snapshot_keys()[1], str(tile))
-            finally:
-                client.close()
-
-        log.info("real-time: feature snapshot of the tiles %d..%d", first, tile - slide)
-        write_served_snapshot(self.spark, self.settings, kwargs, range(first, tile, slide),
-                              f"rt-{tile}", done)
 
     def _run(self) -> None:
         from kafka import TopicPartition
@@ -662,12 +592,10 @@ class TileFeed:
                             self.writer.add(orjson.loads(record.value), record.timestamp / 1000)
                         self.writer.flush()
                         consumer.commit()
-                        self._snapshots_step()
                         heap.step()
                     else:
                         if self.writer.top_dirty:
                             self.writer.flush(final=True)
-                        self._snapshots_step()  # before idle: one asked for is under way
                         ends = consumer.end_offsets(tps)
                         if all(consumer.position(tp) >= ends[tp] for tp in tps):
                             self._idle.set()
@@ -688,7 +616,6 @@ class TileFeed:
                     time.sleep(1.0)
                     self.writer.disconnect()
                     self.writer.connect()
-                    self._snapshots_redo = True
                     self._rewind(consumer, tps)
             self.writer.report()
         except BaseException as exc:  # noqa: BLE001 - surfaced by check()
@@ -755,11 +682,13 @@ class RealtimeQuery:
     """The running Real-time query and its feed, with the hooks :func:`pipelines.stream.run_stream` uses."""
 
     def __init__(self, query: StreamingQuery, feed: TileFeed, spark: SparkSession,
-                 checkpoint_seconds: int) -> None:
+                 settings: Settings, snapshots: bool = True) -> None:
         self.query = query
         self.feed = feed
         self.spark = spark
-        self.checkpoint_seconds = checkpoint_seconds
+        self.settings = settings
+        self.snapshots = snapshots
+        self.checkpoint_seconds = settings.stream_realtime_checkpoint_seconds
 
     def caught_up(self) -> bool:
         if self.query.exception() is not None:
@@ -769,21 +698,34 @@ class RealtimeQuery:
                 and self.feed.caught_up())
 
     def stop(self) -> None:
-        """Stop the query, then the feed. A Real-time epoch runs until its checkpoint, so the
-        stop lands mid-epoch: Spark aborts it and logs every task's abort as an ERROR with
-        its stack; one INFO line says what that means instead (nothing is lost: the epoch's
-        input is read again on the next start, and its full tiles rewrite the same values)."""
+        """Stop the query, then the feed; then write the snapshots its last flushes asked for
+        (the caller stopped the Parquet sinks' process, which writes them while the job
+        runs, first: :mod:`pipelines.streaming.rt_snapshots`).
+
+        A Real-time epoch runs until its checkpoint, so the stop lands mid-epoch: Spark
+        aborts it and logs every task's abort as an ERROR with its stack; one INFO line
+        says what that means instead (nothing is lost: the epoch's input is read again on
+        the next start, and its full tiles rewrite the same values)."""
         try:
-            if self.query.isActive:
-                log.info("real-time query %s: stopping mid-epoch; its input since the last "
-                         "checkpoint (at most %ss) is read again at the next start, with the "
-                         "same results", QUERY_NAME, self.checkpoint_seconds)
-                group = str(self.query.runId)  # the job group of the query's epochs
-                with quiet_loggers(self.spark, STOP_NOISE_LOGGERS):
-                    self.query.stop()
-                    _await_tasks(self.spark, group, STOP_TASKS_SECONDS)
+            self._stop_query()
         finally:
             self.feed.stop()
+        if self.snapshots and self.query.exception() is None:
+            left = AskedSnapshots(self.settings, self.spark, "at the stop")
+            try:
+                left.drain(self.settings.stream_stop_grace_seconds)
+            finally:
+                left.close()
+
+    def _stop_query(self) -> None:
+        if self.query.isActive:
+            log.info("real-time query %s: stopping mid-epoch; its input since the last "
+                     "checkpoint (at most %ss) is read again at the next start, with the "
+                     "same results", QUERY_NAME, self.checkpoint_seconds)
+            group = str(self.query.runId)  # the job group of the query's epochs
+            with quiet_loggers(self.spark, STOP_NOISE_LOGGERS):
+                self.query.stop()
+                _await_tasks(self.spark, group, STOP_TASKS_SECONDS)
 
 
 STOP_TASKS_SECONDS = 10.0
@@ -821,11 +763,13 @@ a broadcast of the next epoch's plan interrupted)."""
 
 def required_slots(settings: Settings) -> int:
     """Task slots the Real-time driver holds: Kafka partitions + 2 one-partition stateful
-    stages, plus a feature snapshot that may run beside them (with fewer free slots the
-    pipelined stage group fails with CONCURRENT_SCHEDULER_INSUFFICIENT_SLOT when it starts
-    its next batch, seen in a test run). The Parquet sinks' micro-batch query runs in a
-    process of its own (:mod:`pipelines.streaming.offline_process`), on its own slots."""
-    return settings.kafka_topic_partitions + 2 + SNAPSHOT_SLOTS
+    stages, all at once (with fewer free slots the pipelined stage group fails with
+    CONCURRENT_SCHEDULER_INSUFFICIENT_SLOT when it starts its next batch). Nothing else
+    runs beside the query in this driver: the Parquet sinks' micro-batch query and the
+    feature snapshots run in a process of their own
+    (:mod:`pipelines.streaming.offline_process`), on its own slots, and the snapshots
+    left at a stop are written once the query has stopped."""
+    return settings.kafka_topic_partitions + 2
 
 
 def check_slots(spark: SparkSession, settings: Settings) -> None:
@@ -839,7 +783,7 @@ def check_slots(spark: SparkSession, settings: Settings) -> None:
     if slots < need:
         raise RuntimeError(
             f"Real-time Mode needs {need} concurrent task slots ({settings.kafka_topic_partitions} "
-            f"Kafka partitions + 2 stateful stages, plus {SNAPSHOT_SLOTS} for a feature snapshot) but "
+            f"Kafka partitions + 2 stateful stages, all at once) but "
             f"{master} has {slots}; Spark would fail with "
             "CONCURRENT_SCHEDULER_INSUFFICIENT_SLOT. Set SHOPSTREAM_SPARK_MASTER=local["
             f"{need}] (threads; they may exceed the cores) or add executors.")
@@ -848,7 +792,8 @@ def check_slots(spark: SparkSession, settings: Settings) -> None:
 def start_realtime(spark: SparkSession, settings: Settings, *,
                    snapshots: bool = True) -> RealtimeQuery:
     """Start the Real-time online query (see the module docstring); returns at once.
-    ``snapshots=False``: no feature snapshots are written (the entities are still noted)."""
+    ``snapshots=False``: no feature snapshots are written at the stop (the entities are
+    still noted, and the requests stay in Redis)."""
     from pyspark.sql import functions as F
 
     from features.events import VALID_COLUMNS
@@ -868,7 +813,7 @@ def start_realtime(spark: SparkSession, settings: Settings, *,
                         last_items_n=settings.feature_last_items_n)
     out = tile_messages(tiles)
     ensure_topic(settings)
-    feed = TileFeed(settings, spark if snapshots else None)
+    feed = TileFeed(settings)
     feed.start()
     # one shuffle partition per stateful stage: the query holds Kafka partitions + 2 slots
     previous = spark.conf.get("spark.sql.shuffle.partitions")
@@ -893,4 +838,4 @@ def start_realtime(spark: SparkSession, settings: Settings, *,
         spark.conf.set("spark.sql.shuffle.partitions", previous)
     log.info("real-time online query %s started (checkpoint every %ss), tiles via %s",
              QUERY_NAME, settings.stream_realtime_checkpoint_seconds, settings.kafka_topic_rt_tiles)
-    return RealtimeQuery(query, feed, spark, settings.stream_realtime_checkpoint_seconds)
+    return RealtimeQuery(query, feed, spark, settings, snapshots=snapshots)

@@ -319,7 +319,7 @@ def test_a_user_cache_smaller_than_one_flush_still_writes_every_user(
 
 
 def _run_until_caught_up(feed: Any, timeout_s: float, what: str) -> None:
-    """Start ``feed``, wait until it has applied the topic and written its snapshots, stop it."""
+    """Start ``feed``, wait until it has applied the topic, stop it."""
     feed.start()
     deadline = time.monotonic() + timeout_s
     while not feed.caught_up():
@@ -332,21 +332,26 @@ def _two_flushes(spark: Any, settings: Settings) -> tuple[list[dict[str, Any]],
                                                              list[dict[str, Any]], int, int]:
     """Tile rows of 20 minutes written in two flushes: the tiles up to the third, then the
     rest; returns both parts and the clock's tile after each flush."""
-    from pipelines.streaming.realtime import RealtimeWriter
+    import redis
+
+    from pipelines.connections import redis_kwargs
+    from pipelines.streaming.realtime import RealtimeWriter, rt_snapshot_keys
 
     rows, _, _ = _rows_and_last(spark)
     tiles = sorted({r["tile_start"] for r in rows})
     early = [r for r in rows if r["tile_start"] <= tiles[2]]
     later = [r for r in rows if r["tile_start"] > tiles[2]]
     writer = RealtimeWriter(settings)
+    client = redis.Redis(**redis_kwargs(settings))
     writer.connect()
     try:
         _flush_rows(writer, early)
-        assert not writer.snapshot_asked, "a snapshot asked for by the first flush"
+        assert client.hlen(rt_snapshot_keys()[1]) == 0, "a snapshot asked for by the first flush"
         _flush_rows(writer, later)
-        assert writer.snapshot_asked
+        assert client.hlen(rt_snapshot_keys()[1]) == 1
     finally:
         writer.disconnect()
+        client.close()
     return early, later, tiles[2], tiles[-1]
 
 
@@ -369,33 +374,71 @@ def test_the_writer_notes_touched_entities_and_asks_for_a_snapshot_in_a_new_tile
             assert {m.decode() for m in redis_client.smembers(dirty_key(kind, tile))} == touched
 
 
-def test_a_snapshot_asked_for_before_a_stop_is_written_by_the_next_feed(
-    spark: Any, make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any,
-    topic: str, tmp_path: Path,
-) -> None:
-    """A snapshot still asked for when the feed starts (the process stopped first) is
-    written: the first tile's entities with the rows Redis holds for them, the top lists;
-    then the request is gone, and a second start writes nothing more."""
+def _check_snapshot(settings: Settings, redis_client: Any, rows: list[dict[str, Any]]) -> int:
+    """The snapshot tables hold the entities of ``rows`` with the rows Redis holds for them,
+    and one set of top lists; returns how many rows the tables hold."""
     import pandas as pd
 
     from features.feast_layout import ITEM_STATS, USER_ACTIVITY
     from pipelines.offline_store import snapshot_path
-    from pipelines.streaming.realtime import TileFeed, rt_snapshot_keys
     from pipelines.verify import _read_online
 
-    settings = make_settings(kafka_topic_rt_tiles=topic, data_dir=str(tmp_path / "data"))
-    early, _, _, _ = _two_flushes(spark, settings)
-    for _ in range(2):
-        _run_until_caught_up(TileFeed(settings, spark), 120, "the snapshot was not written")
-    assert redis_client.hlen(rt_snapshot_keys()[1]) == 0
+    total = 0
     for spec, kind in ((USER_ACTIVITY, "user"), (ITEM_STATS, "item")):
         snap = pd.read_parquet(snapshot_path(settings, spec.name))
-        assert sorted(snap[spec.join_key]) == sorted({r["key"] for r in early if r["kind"] == kind})
+        assert sorted(snap[spec.join_key]) == sorted({r["key"] for r in rows if r["kind"] == kind})
         served = _read_online(redis_client, spec, list(snap[spec.join_key]))
         for row in snap.to_dict("records"):
             assert row["event_timestamp"].to_pydatetime() == served[row[spec.join_key]][0]
+        total += len(snap)
     top = pd.read_parquet(snapshot_path(settings, "top_items"))
     assert len(top) > 0 and top["created"].nunique() == 1
+    return total + len(top)
+
+
+def test_the_parquet_sinks_process_writes_the_snapshots_the_feed_asks_for(
+    make_settings: Callable[..., Settings], spark: Any, kafka_broker: Any, redis_client: Any,
+    topic: str, tmp_path: Path,
+) -> None:
+    """``shopstream stream --offline-only --realtime-snapshots`` (what Real-time Mode runs beside
+    its online query) writes a snapshot the feed asked for: the first tiles' entities with
+    the rows Redis holds for them, and the top lists; then the request is gone."""
+    from pipelines.streaming.realtime import rt_snapshot_keys
+
+    settings = make_settings(kafka_topic_events=topic, data_dir=str(tmp_path / "data"))
+    early, _, _, _ = _two_flushes(spark, settings)
+    log_path = tmp_path / "sinks.log"
+    with open(log_path, "ab") as log:
+        job = subprocess.run([sys.executable, "-m", "pipelines.cli", "stream", "--offline-only",
+                              "--realtime-snapshots", "--until-idle", "2"], cwd=REPO,
+                             env=_env(settings), stdout=log, stderr=subprocess.STDOUT, timeout=600)
+    assert job.returncode == 0, log_path.read_text()[-3000:]
+    assert redis_client.hlen(rt_snapshot_keys()[1]) == 0
+    _check_snapshot(settings, redis_client, early)
+    assert "feature snapshot of the tiles" in log_path.read_text()
+    assert "(Parquet sinks' process)" in " ".join(log_path.read_text().split())
+
+
+def test_snapshots_left_at_the_stop_are_written_once(
+    spark: Any, make_settings: Callable[..., Settings], redis_client: Any, tmp_path: Path,
+) -> None:
+    """What the Real-time driver does at its stop, after the sinks' process has gone: the
+    snapshot still asked for is written, and a second drain finds nothing more to write."""
+    from pipelines.streaming.rt_snapshots import AskedSnapshots, rt_snapshot_keys
+
+    settings = make_settings(data_dir=str(tmp_path / "data"))
+    early, _, _, _ = _two_flushes(spark, settings)
+    counts = []
+    for expected in (1, 0):
+        left = AskedSnapshots(settings, spark, "at the stop")
+        try:
+            assert left.drain(120)
+        finally:
+            left.close()
+        assert left.written == expected
+        assert redis_client.hlen(rt_snapshot_keys()[1]) == 0
+        counts.append(_check_snapshot(settings, redis_client, early))
+    assert counts[0] == counts[1], "the second drain added rows"
 
 
 def test_tile_feed_applies_what_spark_sends_through_kafka(
