@@ -591,6 +591,13 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
             sinks = _sinks_process(log_path)
             assert sinks is not None, log_path.read_text()[-3000:]
             assert _nice_of(sinks) == settings.stream_realtime_offline_nice > 0
+            # ...which counts only within the driver's session (the kernel's autogroups)
+            assert os.getsid(sinks) == os.getsid(job.pid)
+            assert os.getpgid(sinks) != os.getpgid(job.pid), "a Ctrl-C would reach it"
+            autogroup = Path(f"/proc/{sinks}/autogroup")
+            if autogroup.exists():
+                assert (autogroup.read_text().split()[0]
+                        == Path(f"/proc/{job.pid}/autogroup").read_text().split()[0])
             produce(settings, first[300:])
             assert job.wait(timeout=900) == 0, log_path.read_text()[-3000:]
         finally:
