@@ -361,14 +361,15 @@ def _realtime_parts(client: Any) -> str:
 
 def _wait_for_clock(settings: Any, mode: str, alive: Callable[[], bool], timeout_s: float,
                     lag_s: float | None = None, hold_s: float | None = None,
-                    ) -> tuple[float | None, str]:
+                    label: str | None = None) -> tuple[float | None, str]:
     """Until the mode's event-time clock has been within ``lag_s`` (default
     :data:`CAUGHT_UP_LAG_S` of the mode) of now for ``hold_s`` (default
     :data:`CAUGHT_UP_HOLD_S`) without a break: the query has caught up with the live
     traffic sent while it started (probes measure the steady state, not the catching
     up). Returns the seconds that took (``None`` if it did not within ``timeout_s``) and
     the last lag seen, with the Real-time feed's parts (query, feed), so a run that did
-    not catch up says where it was behind. Says the same every :data:`WAIT_STATUS_S`."""
+    not catch up says where it was behind. Says the same every :data:`WAIT_STATUS_S`,
+    naming what it waits for as ``label`` (default: the mode)."""
     from pipelines.connections import redis_client
 
     lag_s = CAUGHT_UP_LAG_S[mode] if lag_s is None else lag_s
@@ -393,7 +394,8 @@ def _wait_for_clock(settings: Any, mode: str, alive: Callable[[], bool], timeout
                 parts = _realtime_parts(client) if mode == "realtime" else ""
                 last = f"{behind:.1f} s behind" + (f" ({parts})" if parts else "")
             if time.monotonic() >= next_status:
-                _say(f"{mode}: waiting to catch up, {time.monotonic() - start:.0f} s: {last}")
+                _say(f"{label or mode}: waiting to catch up, {time.monotonic() - start:.0f} s: "
+                     f"{last}")
                 next_status += WAIT_STATUS_S
             time.sleep(0.2)
     finally:
@@ -509,7 +511,8 @@ def _realtime_freshness(run_settings: Any, topic: str, rate: float, probes: int,
         sender.start()
         sinks_lag = sinks_lag_s(run_settings)
         sinks_s, last = _wait_for_clock(run_settings, "microbatch", lambda: proc.poll() is None,
-                                        300, lag_s=sinks_lag)
+                                        300, lag_s=sinks_lag,
+                                        label="realtime, its Parquet sinks' process")
         if sinks_s is None:
             return failed("the Parquet sinks' process", sinks_lag, last)
         caught_up_s, last = _wait_for_clock(run_settings, "realtime",
