@@ -521,14 +521,27 @@ def _realtime_freshness(run_settings: Any, topic: str, rate: float, probes: int,
             return failed("the Real-time path", CAUGHT_UP_LAG_S["realtime"], last)
         caught_up_s = time.monotonic() - started
         time.sleep(warmup_s)
+        epochs_before = epochs_logged(log_path)
         latencies, sent = _probe(run_settings, topic, probes, 0.5, PROBE_TIMEOUT_S, budget_s)
+        boundaries = epochs_logged(log_path) - epochs_before
     finally:
         stop.set()
         if sender.is_alive():
             sender.join()
         _stop_driver(proc)
     return {**probe_summary(latencies, sent), "caught_up_s": caught_up_s,
-            "sinks_caught_up_s": sinks_s}
+            "sinks_caught_up_s": sinks_s, "epoch_boundaries": boundaries}
+
+
+def epochs_logged(log_path: Path) -> int:
+    """How many Real-time epochs the driver's log says have ended: each end is a boundary,
+    when the query plans the next epoch and relaunches its tasks and no tile comes out
+    for 2-3 s. Whether the probes met one decides their tail, so the result says."""
+    try:
+        text = log_path.read_text(errors="replace")
+    except FileNotFoundError:
+        return 0
+    return text.count("real-time epoch ")
 
 
 def sinks_lag_s(settings: Any) -> float:
@@ -694,6 +707,11 @@ def main(argv: list[str] | None = None) -> BenchResult:
                    "caught_up_s": fresh.get("caught_up_s")}
             if fresh.get("error"):
                 result.notes.append(f"{label}: could not run: {fresh['error']}")
+            elif mode == "realtime":
+                result.notes.append(
+                    f"{label}: {fresh['epoch_boundaries']} Real-time epoch boundaries during the "
+                    f"probes (an epoch lasts {settings.stream_realtime_checkpoint_seconds} s; "
+                    "each boundary holds the tiles back 2-3 s)")
             elif mode == "realtime" and not any(n.startswith("realtime: a driver") for n in result.notes):
                 from pipelines.streaming.realtime import required_slots
 

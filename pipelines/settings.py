@@ -151,11 +151,14 @@ class Settings(BaseSettings):
     stream_mode: Literal["microbatch", "realtime"] = "microbatch"
     """``realtime``: the online path runs as a second query in Spark's Real-time Mode
     while the micro-batch query keeps feeding the Parquet sinks."""
-    stream_realtime_checkpoint_seconds: int = Field(default=300, ge=5)
+    stream_realtime_checkpoint_seconds: int = Field(default=600, ge=5)
     """Real-time Mode batch duration (its epoch): how often it checkpoints. Not a latency,
-    but each boundary holds tiles back 1-3 s on 2 cores (planning the next epoch 0.35-1.9 s,
-    relaunching its tasks, then the feed draining the burst: the ``real-time epoch`` log
-    line), and a stop replays the input since the last one."""
+    but each boundary holds the tiles back: the query sends none for 2.4-3.6 s on 2 cores
+    (the epoch's tasks end, the next epoch is planned, 0.7-1.2 s once warm, and its tasks
+    start), then the feed drains the burst. At 1,000 events/s, 1-5 probes per boundary
+    took over 1 s. So a boundary every 300 s put 1.3-1.7 % of the time over 1 s, more
+    than a p99 allows; 600 s halves that. The price: a stop, or a crash, replays the input
+    since the last boundary, so a restart catches up on up to this much input."""
     stream_realtime_offline_trigger_seconds: float = Field(default=10.0, ge=0)
     """Real-time Mode: the trigger interval of the micro-batch query that keeps feeding the
     Parquet sinks (raw events, quarantine) while the Real-time query serves the online

@@ -209,9 +209,15 @@ def format_epoch_line(progress: Mapping[str, Any]) -> str:
     running_ms = durations.pop("addBatch", 0)
     phases = ", ".join(f"{name} {ms / 1000:.2f}s" for name, ms in
                        sorted(durations.items(), key=lambda kv: -kv[1]) if ms)
+    # the state stores commit as the epoch's tasks end, inside ``addBatch``: a part of the
+    # time past the epoch's length that the phases above cannot show
+    commits = ", ".join(
+        f"{op.get('operatorName', '?')} {int(op['commitTimeMs']) / 1000:.2f}s"
+        for op in progress.get("stateOperators") or [] if int(op.get("commitTimeMs") or 0))
     return (f"real-time epoch {progress.get('batchId')}: {int(progress.get('numInputRows', 0)):,} "
             f"rows in {epoch_ms / 1000:.1f}s (running {running_ms / 1000:.1f}s"
-            + (f"; {phases}" if phases else "") + ")")
+            + (f"; {phases}" if phases else "")
+            + (f"; state commits {commits}" if commits else "") + ")")
 
 
 def _phases(m: BatchMetrics) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from benchmarks.common import BenchResult
 from benchmarks.streaming_throughput import probe_summary, warm_rate
@@ -58,3 +59,19 @@ def test_realtime_rates_parse_and_name_a_bad_value() -> None:
     with pytest.raises(SystemExit) as exit_info:  # argparse: usage and the option's name, exit 2
         main(["--realtime-rates", "300,fast"])
     assert exit_info.value.code == 2
+
+
+def test_epoch_boundaries_are_counted_from_the_drivers_log(tmp_path: Path) -> None:
+    """The boundaries the probes met: the epochs the log reports ended between two reads
+    (rich wraps a line's rest, never its start); no log yet counts none."""
+    from benchmarks.streaming_throughput import epochs_logged
+
+    log = tmp_path / "driver.log"
+    assert epochs_logged(log) == 0
+    log.write_text("[01:17:33] INFO     real-time epoch 0: 66,144 rows in 69.6s (running 63.1s;\n"
+                   "                    queryPlanning 3.91s)\n"
+                   "[01:17:40] INFO     batch 3: 10036 rows in 5.57s\n")
+    before = epochs_logged(log)
+    with log.open("a") as f:
+        f.write("[01:18:36] INFO     real-time epoch 1: 63,324 rows in 62.3s (running 61.0s)\n")
+    assert (before, epochs_logged(log) - before) == (1, 1)

@@ -93,13 +93,15 @@ def test_a_realtime_epoch_gets_its_own_line_with_the_time_between_epochs(
     progress = {"name": REALTIME_QUERY_NAME, "batchId": 7, "numInputRows": 30_012,
                 "durationMs": {"triggerExecution": 31_960, "addBatch": 30_020,
                                "queryPlanning": 410, "walCommit": 55, "commitOffsets": 1_200,
-                               "latestOffset": 0}}
+                               "latestOffset": 0},
+                "stateOperators": [{"operatorName": "dedupe", "commitTimeMs": 310},
+                                   {"operatorName": "stateStoreSave", "commitTimeMs": 0}]}
     with caplog.at_level(logging.INFO, logger="pipelines.stream_metrics"):
         assert recorder.on_progress(progress) is None
     assert recorder.totals.batches == 0
     lines = [r.getMessage() for r in caplog.records if "real-time epoch" in r.getMessage()]
     assert lines == ["real-time epoch 7: 30,012 rows in 32.0s (running 30.0s; commitOffsets "
-                     "1.20s, queryPlanning 0.41s, walCommit 0.06s)"]
+                     "1.20s, queryPlanning 0.41s, walCommit 0.06s; state commits dedupe 0.31s)"]
     assert format_epoch_line({"batchId": 0, "numInputRows": 0}) == (
         "real-time epoch 0: 0 rows in 0.0s (running 0.0s)")
 
