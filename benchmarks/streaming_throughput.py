@@ -708,16 +708,17 @@ def main(argv: list[str] | None = None) -> BenchResult:
             if fresh.get("error"):
                 result.notes.append(f"{label}: could not run: {fresh['error']}")
             elif mode == "realtime":
+                if not any(n.startswith("realtime: a driver") for n in result.notes):
+                    from pipelines.streaming.realtime import required_slots
+
+                    result.notes.append(
+                        f"realtime: a driver of its own at local[{required_slots(settings)}] "
+                        "(Real-time Mode holds every stage's tasks at once; the threads share "
+                        "the 2 cores)")
                 result.notes.append(
                     f"{label}: {fresh['epoch_boundaries']} Real-time epoch boundaries during the "
                     f"probes (an epoch lasts {settings.stream_realtime_checkpoint_seconds} s; "
                     "each boundary holds the tiles back 2-3 s)")
-            elif mode == "realtime" and not any(n.startswith("realtime: a driver") for n in result.notes):
-                from pipelines.streaming.realtime import required_slots
-
-                result.notes.append(
-                    f"realtime: a driver of its own at local[{required_slots(settings)}] (Real-time "
-                    "Mode holds every stage's tasks at once; the threads share the 2 cores)")
             result.rows.append(row)
         if freshness:
             from benchmarks.common import plot_latency_histograms
