@@ -789,21 +789,26 @@ def check_slots(spark: SparkSession, settings: Settings) -> None:
             f"{need}] (threads; they may exceed the cores) or add executors.")
 
 
-def start_realtime(spark: SparkSession, settings: Settings, *,
-                   snapshots: bool = True) -> RealtimeQuery:
-    """Start the Real-time online query (see the module docstring); returns at once.
-    ``snapshots=False``: no feature snapshots are written at the stop (the entities are
-    still noted, and the requests stay in Redis)."""
+def realtime_tiles(spark: SparkSession, settings: Settings,
+                   source_options: Mapping[str, str] | None = None) -> DataFrame:
+    """What the Real-time query sends, before its sink: the events topic validated,
+    deduplicated and tiled (:func:`features.tiles.keyed_tiles`), as the feed's messages.
+
+    ``source_options`` override the Kafka source's (subscription, starting offsets, ...):
+    the tile feed benchmark (``benchmarks/tile_feed.py``) makes its rows with this, from
+    a topic of its own, so it measures the feed on the rows the query really sends.
+    """
     from pyspark.sql import functions as F
 
     from features.events import VALID_COLUMNS
     from features.tiles import keyed_tiles
     from features.validation import with_verdict
-    from pipelines.stream import RAW_COLUMNS, query_checkpoint
+    from pipelines.stream import RAW_COLUMNS
 
+    options = {"subscribe": settings.kafka_topic_events,
+               "startingOffsets": settings.stream_starting_offsets, **(source_options or {})}
     raw = (spark.readStream.format("kafka").options(**settings.spark_kafka_options())
-           .option("subscribe", settings.kafka_topic_events)
-           .option("startingOffsets", settings.stream_starting_offsets).load())
+           .options(**options).load())
     checked = with_verdict(raw.select(*RAW_COLUMNS), now=F.col("timestamp"),
                            check_key=settings.stream_check_key)
     events = (checked.where(F.col("reason").isNull()).select(*VALID_COLUMNS)
@@ -811,7 +816,17 @@ def start_realtime(spark: SparkSession, settings: Settings, *,
               .dropDuplicates(["event_id", "event_time"]))
     tiles = keyed_tiles(events, slide_seconds=settings.feature_slide_seconds,
                         last_items_n=settings.feature_last_items_n)
-    out = tile_messages(tiles)
+    return tile_messages(tiles)
+
+
+def start_realtime(spark: SparkSession, settings: Settings, *,
+                   snapshots: bool = True) -> RealtimeQuery:
+    """Start the Real-time online query (see the module docstring); returns at once.
+    ``snapshots=False``: no feature snapshots are written at the stop (the entities are
+    still noted, and the requests stay in Redis)."""
+    from pipelines.stream import query_checkpoint
+
+    out = realtime_tiles(spark, settings)
     ensure_topic(settings)
     feed = TileFeed(settings)
     feed.start()

@@ -93,6 +93,19 @@ def test_streaming_smoke(tmp_path: Path) -> None:
     assert _row(payload, "freshness, realtime")["batches"] == 2, _explain(payload)
 
 
+def test_tile_feed_smoke(tmp_path: Path) -> None:
+    """The feed drains the tile rows of a small backlog into Redis (its tiles, features and
+    top lists: more keys than the raw peer's one hash per tile key), and so does the peer."""
+    payload, results, _ = _run_smoke("tile_feed", tmp_path)
+    feed = _row(payload, "shopstream TileFeed")
+    raw = _row(payload, "plain Kafka consumer")
+    assert feed["rows"] == raw["rows"] > 0, _explain(payload)
+    assert _positive(feed["rows_per_s"]) and _positive(raw["rows_per_s"]), _explain(payload)
+    assert feed["redis_keys"] > raw["redis_keys"] > 0, _explain(payload)
+    assert _positive(payload["ratios"]["tile rows/s: the feed / raw Kafka + raw Redis"])
+    assert (results / "tile_feed.png").is_file()
+
+
 def test_serving_smoke(tmp_path: Path) -> None:
     payload, results, _ = _run_smoke("serving_latency", tmp_path)
     ours = _row(payload, "shopstream ServingClient.recommendations")

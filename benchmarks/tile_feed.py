@@ -1,0 +1,250 @@
+"""Real-time tile feed: tile rows/s the feed writes to Redis, against the raw limit.
+
+In Real-time Mode the query sends full tile rows to a Kafka topic and one thread of the
+driver, the feed (:class:`pipelines.streaming.realtime.TileFeed`), writes them to Redis
+with the touched entities' features and the top lists. The query sends rows as fast as
+events come; the feed's capacity against that load decides how long any burst takes to
+drain: after every epoch boundary, at a start, after a pause. The drain takes
+backlog / (capacity - load), so at 80 % of capacity a 3 s stall takes 12 s to drain.
+
+Setup, not timed: a generated backlog goes through the tiles the Real-time query
+computes (the same validation, deduplication and ``keyed_tiles``:
+:func:`pipelines.streaming.realtime.realtime_tiles`), in micro-batches of ``--batch``
+events in update mode. It lands in a tiles topic as full tile rows, each key's tile
+once per micro-batch it changed in. The query sends one per event; the feed merges
+those of a poll into one, so a poll's worth of events is close to a micro-batch.
+
+Measured, alternately (``--repeats`` times each, ABBA order), on a Redis emptied each time:
+
+- **the feed**: a fresh :class:`TileFeed` drains the topic from its start (tile rows/s);
+- **the peer, raw Kafka + raw Redis**: a plain kafka-python consumer polls the same
+  topic, and one pipelined ``HSET`` per row goes to the same redis-server. That is the
+  cost of moving the rows alone, with no features.
+
+Usage: ``python -m benchmarks.tile_feed [--events N] [--batch B] [--repeats R]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import RESULTS_DIR, BenchResult, bench_settings, plot_bars
+
+__all__ = ["main"]
+
+DRAIN_TIMEOUT_S = 900.0
+
+
+def _say(text: str) -> None:
+    print(f"[tile feed] {text}", flush=True)
+
+
+def _tiles_topic(settings: Any, spark: Any, events_topic: str, batch: int) -> int:
+    """The backlog's tile rows in ``settings.kafka_topic_rt_tiles``; returns their count."""
+    from pipelines.streaming.realtime import ensure_topic, realtime_tiles
+
+    ensure_topic(settings)
+    out = realtime_tiles(spark, settings, {"subscribe": events_topic,
+                                           "startingOffsets": "earliest",
+                                           "maxOffsetsPerTrigger": str(batch)})
+    query = (out.writeStream.queryName("bench-tile-rows").outputMode("update").format("kafka")
+             .options(**settings.spark_kafka_options())
+             .option("topic", settings.kafka_topic_rt_tiles)
+             .option("checkpointLocation",
+                     str(Path(settings.data_dir) / "checkpoints" / settings.kafka_topic_rt_tiles))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    return _topic_size(settings, settings.kafka_topic_rt_tiles)
+
+
+def _topic_size(settings: Any, topic: str) -> int:
+    from kafka import TopicPartition
+
+    from pipelines.connections import kafka_consumer
+
+    consumer = kafka_consumer(settings)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        return sum(consumer.end_offsets(tps).values())
+    finally:
+        consumer.close()
+
+
+def _rewind_feed_group(settings: Any) -> None:
+    """The feed's consumer group back at the topic's start (the feed resumes from it)."""
+    from kafka import TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    from pipelines.connections import kafka_consumer
+    from pipelines.streaming.realtime import QUERY_NAME
+
+    topic = settings.kafka_topic_rt_tiles
+    consumer = kafka_consumer(settings, group_id=f"{QUERY_NAME}-feed")
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        consumer.assign(tps)
+        consumer.commit({tp: OffsetAndMetadata(0, "", -1) for tp in tps})
+    finally:
+        consumer.close()
+
+
+def _empty_redis(settings: Any) -> None:
+    from pipelines.connections import redis_client
+
+    client = redis_client(settings)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
+
+def _redis_keys(settings: Any) -> int:
+    from pipelines.connections import redis_client
+
+    client = redis_client(settings)
+    try:
+        return int(client.dbsize())
+    finally:
+        client.close()
+
+
+def _feed_run(settings: Any, rows: int) -> float:
+    """Seconds a fresh feed takes to write every row of the topic."""
+    from pipelines.streaming.realtime import TileFeed
+
+    _empty_redis(settings)
+    _rewind_feed_group(settings)
+    feed = TileFeed(settings)
+    started = time.monotonic()
+    feed.start()
+    try:
+        while not feed.caught_up():
+            if time.monotonic() - started > DRAIN_TIMEOUT_S:
+                raise RuntimeError(f"the feed did not write {rows:,} tile rows in "
+                                   f"{DRAIN_TIMEOUT_S:.0f} s")
+            time.sleep(0.02)
+        return time.monotonic() - started
+    finally:
+        feed.stop()
+
+
+def _raw_run(settings: Any, rows: int) -> float:
+    """Seconds a plain consumer takes to poll every row and ``HSET`` each to Redis."""
+    from kafka import TopicPartition
+
+    from pipelines.connections import kafka_consumer, redis_client
+
+    _empty_redis(settings)
+    topic = settings.kafka_topic_rt_tiles
+    consumer = kafka_consumer(settings)
+    client = redis_client(settings)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        started, seen = time.monotonic(), 0
+        while seen < rows:
+            if time.monotonic() - started > DRAIN_TIMEOUT_S:
+                raise RuntimeError(f"the plain consumer read {seen:,} of {rows:,} rows in "
+                                   f"{DRAIN_TIMEOUT_S:.0f} s")
+            polled = consumer.poll(timeout_ms=200, max_records=10_000)
+            pipe = client.pipeline(transaction=False)
+            for part in polled.values():
+                for record in part:
+                    pipe.hset(b"bench:tile:" + (record.key or b""), b"v", record.value)
+                    seen += 1
+            pipe.execute()
+        return time.monotonic() - started
+    finally:
+        consumer.close()
+        client.close()
+
+
+def main(argv: list[str] | None = None) -> BenchResult:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=200_000, help="backlog events")
+    parser.add_argument("--batch", type=int, default=2_000,
+                        help="events per micro-batch of the tile rows' setup")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each, alternating")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where plots go")
+    args = parser.parse_args(argv if argv is not None else [])
+    if args.events <= 0 or args.batch <= 0 or args.repeats <= 0:
+        parser.error("--events, --batch and --repeats must be positive")
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from benchmarks.streaming_throughput import _backlog, _topic
+    from pipelines.infra import KafkaBroker, RedisServer
+    from pipelines.spark import spark_session
+
+    tag = uuid.uuid4().hex[:8]
+    settings = bench_settings("tile_feed", kafka_topic_partitions=2, spark_master="local[2]",
+                              spark_shuffle_partitions=2,
+                              kafka_topic_rt_tiles=f"bench.tiles.{tag}")
+    broker, redis = KafkaBroker(settings), RedisServer(settings)
+    redis.start()
+    broker.start()
+    result = BenchResult(
+        name="tile_feed",
+        title="Real-time tile feed: tile rows/s written to Redis with the features, one thread",
+        targets={"capacity": "well above the rows the Real-time query sends "
+                             "(about 2,000-2,600/s at 1,000 events/s)"},
+    )
+    try:
+        events_topic = f"bench.tf.{tag}"
+        _topic(settings, events_topic)
+        _say(f"backlog of {args.events:,} events")
+        _backlog(settings, events_topic, args.events)
+        spark = spark_session(settings, app_name="bench-tile-feed")
+        try:
+            rows = _tiles_topic(settings, spark, events_topic, args.batch)
+        finally:
+            spark.stop()
+        _say(f"{rows:,} tile rows (micro-batches of {args.batch:,} events)")
+        times: dict[str, list[float]] = {"feed": [], "raw": []}
+        keys: dict[str, int] = {}  # what a run left in Redis: the feed's features and tiles
+        order = [("raw", "feed")[(i + i // 2) % 2] for i in range(2 * args.repeats)]  # ABBA...
+        for i, which in enumerate(order, 1):
+            seconds = (_feed_run if which == "feed" else _raw_run)(settings, rows)
+            times[which].append(seconds)
+            keys[which] = _redis_keys(settings)
+            _say(f"run {i}/{len(order)}, {which}: {rows:,} rows in {seconds:.2f} s "
+                 f"({rows / seconds:,.0f} rows/s)")
+        median = {k: statistics.median(v) for k, v in times.items()}
+        result.rows.append({"system": "shopstream TileFeed (tiles, features, top lists)",
+                            "rows": rows, "runs": len(times["feed"]),
+                            "median_s": median["feed"], "rows_per_s": rows / median["feed"],
+                            "runs_s": ", ".join(f"{s:.2f}" for s in times["feed"]),
+                            "redis_keys": keys["feed"]})
+        result.rows.append({"system": "plain Kafka consumer + pipelined HSET per row (raw limit)",
+                            "rows": rows, "runs": len(times["raw"]),
+                            "median_s": median["raw"], "rows_per_s": rows / median["raw"],
+                            "runs_s": ", ".join(f"{s:.2f}" for s in times["raw"]),
+                            "redis_keys": keys["raw"]})
+        result.ratios["tile rows/s: the feed / raw Kafka + raw Redis"] = median["raw"] / median["feed"]
+        result.notes.append(
+            f"{args.events:,} generated events (2 % malformed, duplicates) in micro-batches of "
+            f"{args.batch:,}: {rows:,} tile rows; runs in the order {', '.join(order)}, "
+            "Redis emptied before each, the feed a fresh one each time")
+        result.plots.append(str(plot_bars(
+            ["tile rows/s"],
+            {"tile rows/s (median)": {"shopstream feed": [rows / median["feed"]],
+                                      "raw Kafka + Redis": [rows / median["raw"]]}},
+            args.results_dir / "tile_feed.png", title="Real-time tile feed, one thread")))
+    finally:
+        broker.stop()
+        redis.stop()
+    return result
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from benchmarks.common import write_result
+
+    write_result(main(sys.argv[1:]))
