@@ -118,10 +118,14 @@ POLL_MS = 20
 """The feed's Kafka poll timeout: tiles reach Redis at most about this long after arriving."""
 TOP_EVERY_SECONDS = 0.25
 """Top lists are ranked at most this often."""
-TOP_SHARE = 0.2
-"""...and spend at most this share of the feed's time: after a ranking that took ``d``
-seconds the next waits ``d / TOP_SHARE`` (the ranking covers every item sold in the day:
-about 0.1 s for 12,000 sales keys), so tiles keep flowing however large the day gets."""
+TOP_SHARE = 0.1
+"""...and spend at most this share of the feed's time while tiles are waiting: after a
+ranking that took ``d`` seconds the next waits ``d / TOP_SHARE`` (the ranking covers
+every item sold in the day: about 0.1 s for 12,000 sales keys, so about once a second
+then), so tiles keep flowing however large the day gets. A burst after an epoch boundary
+drains in backlog / (capacity - load): the features come first, the lists at most a
+second or so behind. When nothing is waiting (a final flush) dirty lists are written at
+once. At 0.2 the lists took 12.5 % of a drain (``benchmarks/tile_feed.py``, py-spy)."""
 REPORT_SECONDS = 5.0
 """How often the feed writes its freshness figures to the progress hash."""
 
