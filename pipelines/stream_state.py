@@ -12,12 +12,13 @@ reads the same record and so makes the same decisions.
 **Tile store** (:class:`TileStore`). The sliding windows are sums of tiles
 (:mod:`features.tiles`); the stream keeps each entity's tiles in Redis::
 
-    ss:v1:tiles:user:{user_id}               HASH  "{tile_start}" -> tile JSON, "_b" -> batch id
-    ss:v1:tiles:item:{item_id}               HASH  "{tile_start}" -> tile JSON, "_b" -> batch id,
+    ss:v1:tiles:user:{user_id}               HASH  "{tile_start}" -> tile JSON, "_b" -> run:batch id
+    ss:v1:tiles:item:{item_id}               HASH  "{tile_start}" -> tile JSON, "_b" -> run:batch id,
                                                    "_base" -> sums over the closed tiles
-    ss:v1:tiles:sales:{item}|{cat}|{region}  HASH  "{tile_start}" -> tile JSON, "_b" -> batch id
+    ss:v1:tiles:sales:{item}|{cat}|{region}  HASH  "{tile_start}" -> tile JSON, "_b" -> run:batch id
     ss:v1:tiles:sales-by-tile:{tile_start}   HASH  "{item}|{cat}|{region}" -> [item, cat, region, units]
     ss:v1:stream:top-base                    HASH  units of the closed tiles per window (below)
+    ss:v1:stream:run                         STRING the run id of the checkpoint writing the tiles
     ss:v1:stream:dirty:{kind}:{tile_start}   SET   entities touched while the clock was in that tile
 
 Per micro-batch, one Spark job (no row goes to the driver): the batch's tiles
@@ -35,8 +36,8 @@ task, for its keys, pipelined by chunks:
    unions, latest-wins) unless the marker says the batch is in already (a replay
    after a crash);
 3. writes the changed tiles, drops those that left the 24h window and sets
-   ``_b`` to the batch id -- one ``MULTI``/``EXEC`` per chunk, so a key is
-   either fully updated or not at all;
+   ``_b`` to the checkpoint's run id and the batch id (:func:`batch_marker`) -- one
+   ``MULTI``/``EXEC`` per chunk, so a key is either fully updated or not at all;
 4. finalizes the users' and items' features as of the batch's clock ``T``
    (the Python twin of :mod:`features.windows`) and writes them in Feast's layout.
 
@@ -51,7 +52,11 @@ adds the few open tiles to it; the base and its range are replaced in one
 ``MULTI``/``EXEC``, so a replay finds the range done and changes nothing.
 
 Values are full tiles, never increments, so writing them twice is harmless; the
-marker only stops a replay from adding its deltas again.
+marker only stops a replay from adding its deltas again. It names the checkpoint's
+run (:meth:`BatchLog.run_id`) as well as the batch, because batch ids start again at
+0 on a new checkpoint: with the batch id alone, a new checkpoint's batches were
+taken for replays of every key an earlier one had reached a higher batch on, and
+their events never reached those keys' tiles, until the batch ids caught up.
 
 The keys have an owner (this job prunes them by event time) and, as a safety
 net against an abandoned deployment, the ``online_ttl_seconds`` TTL refreshed
@@ -310,6 +315,11 @@ def sales_tile_key(tile_start: int) -> str:
     return online_keys.key("tiles", "sales-by-tile", str(int(tile_start)))
 
 
+def stream_run_key() -> str:
+    """String: the run id (:meth:`BatchLog.run_id`) of the checkpoint that last wrote tiles."""
+    return online_keys.key("stream", "run")
+
+
 def top_base_key() -> str:
     """Hash of the top lists' base: units per sales key over the window's closed tiles."""
     return online_keys.key("stream", "top-base")
@@ -363,6 +373,8 @@ class PassConfig:
     open_from: int | None = None
     """First tile (epoch s) this batch or a later one may still change:
     ``tile_of(previous clock - allowed lateness)``; ``None``: every tile is open."""
+    run: str = ""
+    """The checkpoint's run id (:meth:`BatchLog.run_id`): whose batch ids these are."""
 
     @property
     def current(self) -> int:
@@ -398,6 +410,28 @@ def update_batches(batches: Iterator[Any], *, cfg: PassConfig) -> Iterator[Any]:
                 metadata.add(row)
     _update(deltas, metadata.rows(), cfg)
     yield from ()
+
+
+def batch_marker(cfg: PassConfig) -> str:
+    """The ``_b`` value of a key this batch merged into: ``<run id>:<batch id>``."""
+    return f"{cfg.run}:{cfg.batch_id}" if cfg.run else str(cfg.batch_id)
+
+
+def merged_already(marker: bytes | str | None, cfg: PassConfig) -> bool:
+    """Whether a key's ``_b`` says this batch is in its tiles already (this is a replay).
+
+    Only a marker of the same run can: another checkpoint's batch ids count from 0
+    too, and say nothing about this one's. A marker without a run (written before
+    markers named one) is compared by batch id, as it was then, so a replay right
+    after an upgrade still adds nothing twice.
+    """
+    if marker is None:
+        return False
+    text = marker.decode() if isinstance(marker, bytes) else marker
+    run, sep, batch = text.rpartition(":")
+    if sep and run != cfg.run:
+        return False
+    return int(batch) >= cfg.batch_id
 
 
 BASE_FIELD = "_base"
@@ -502,7 +536,7 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
                 write_base = False
                 if i in bases:
                     values = stored[i]
-                    marker = int(values[0] or b"-1")
+                    marker = values[0]
                     tiles = {t: orjson.loads(v) for t, v in zip(open_starts, values[2:],
                                                                  strict=True) if v is not None}
                     if plans[i] is None:  # rebuild from every tile
@@ -537,11 +571,11 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
                     base.ranges = dict(ranges)
                 else:
                     mapping = as_dict(stored[i])
-                    marker = int(mapping.pop(MARKER_FIELD.encode(), b"-1"))
+                    marker = mapping.pop(MARKER_FIELD.encode(), None)
                     mapping.pop(BASE_FIELD.encode(), None)
                     tiles = {int(f): orjson.loads(v) for f, v in mapping.items()}
                     expired = [str(t) for t in tiles if t <= cutoff]
-                merging = bool(batch_tiles) and marker < cfg.batch_id
+                merging = bool(batch_tiles) and not merged_already(marker, cfg)
                 changed: dict[str, bytes] = {}
                 if merging:
                     merge = pyf.MERGE[kind]
@@ -558,7 +592,7 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
                         tx.add("HDEL", redis_key, *expired)
                     fields: dict[str, Any] = dict(changed)
                     if merging:
-                        fields[MARKER_FIELD] = str(cfg.batch_id)
+                        fields[MARKER_FIELD] = batch_marker(cfg)
                     if write_base and base is not None:
                         fields[BASE_FIELD] = base.to_json()
                     tx.add("HSET", redis_key, *chain.from_iterable(fields.items()))
@@ -751,21 +785,35 @@ class TileStore:
         """``tile_start`` (epoch seconds) of a time in epoch microseconds."""
         return pyf.tile_of(ts_us, self.slide)
 
-    def config(self, batch_id: int, as_of_us: int, open_from: int | None = None) -> PassConfig:
+    def claim(self, run: str) -> str | None:
+        """Record ``run`` as the checkpoint run writing the tiles; returns the run recorded
+        before (``None``: none was), so a caller can tell when the tiles hold another's."""
+        import redis
+
+        client = redis.Redis(**self.redis_kwargs)
+        try:
+            previous = client.set(stream_run_key(), run, get=True)
+        finally:
+            client.close()
+        return previous.decode() if isinstance(previous, bytes) else previous
+
+    def config(self, batch_id: int, as_of_us: int, open_from: int | None = None,
+               run: str = "") -> PassConfig:
         return PassConfig(self.redis_kwargs, batch_id, as_of_us, self.slide, self.long_window,
-                          self.last_items_n, self.ttl, self.dirty_ttl, open_from)
+                          self.last_items_n, self.ttl, self.dirty_ttl, open_from, run)
 
     def apply(self, spark: SparkSession, events: DataFrame, *, batch_id: int, as_of_us: int,
-              open_from: int | None = None) -> None:
+              open_from: int | None = None, run: str = "") -> None:
         """Merge a batch into Redis and write the touched entities' features (one Spark job).
 
         ``open_from``: :attr:`PassConfig.open_from`; with it, items keep a base over
-        their closed tiles (``None``: every tile is read).
+        their closed tiles (``None``: every tile is read). ``run``: the checkpoint's
+        run id (:attr:`PassConfig.run`).
         """
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
         rows = keyed_rows(events, slide_seconds=self.slide, last_items_n=self.last_items_n,
                           partitions=partitions)
-        cfg = self.config(batch_id, as_of_us, open_from)
+        cfg = self.config(batch_id, as_of_us, open_from, run)
         rows.mapInArrow(partial(update_batches, cfg=cfg), _EMIT_SCHEMA).write.format(
             "noop").mode("overwrite").save()
 

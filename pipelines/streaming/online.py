@@ -33,6 +33,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from features import online_keys
 from features.windows import LONG_WINDOW, WINDOW_SECONDS
 from pipelines.connections import redis_kwargs
 from pipelines.settings import Settings
@@ -74,6 +75,7 @@ class OnlineFeatures:
         self._snapshot_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="snapshot")
         self._snapshots: list[tuple[Future[None], SnapshotMark, SnapshotMark | None]] = []
         self._snapshot_check = True  # a new process checks that the last snapshot was written
+        self._claimed: str | None = None  # the checkpoint run this process recorded in Redis
 
     def apply(self, spark: SparkSession, events: DataFrame, *, batch_id: int, as_of_us: int,
               prev_as_of_us: int | None, has_events: bool, has_purchases: bool,
@@ -94,6 +96,9 @@ class OnlineFeatures:
         """
         force_top = self.finish_top()
         self._check_snapshots(spark, batch_log)
+        run = batch_log.run_id() if batch_log is not None else ""
+        if run and self._claimed != run:
+            self._claim(run)
         current = self.store.tile_of(as_of_us)
         prev_tile = self.store.tile_of(prev_as_of_us) if prev_as_of_us is not None else None
         slid = prev_tile != current
@@ -117,7 +122,7 @@ class OnlineFeatures:
             prev_as_of_us - self.settings.feature_allowed_lateness_seconds * 1_000_000)
         if has_events or slid:
             self.store.apply(spark, events, batch_id=batch_id, as_of_us=as_of_us,
-                             open_from=open_from)
+                             open_from=open_from, run=run)
         if has_purchases or slid or force_top:
             self.submit_top(self.store.write_top_here, batch_id=batch_id, as_of_us=as_of_us,
                             open_from=open_from)
@@ -129,6 +134,27 @@ class OnlineFeatures:
             if not (batch_log is not None and batch_log.marked(SNAPSHOT_MARK, batch_id)):
                 self._submit_snapshot(spark, batch_log, snapshot, previous)
         return snapshot
+
+    def _claim(self, run: str) -> None:
+        """Record this checkpoint's run as the tiles' writer, and say so when another was.
+
+        The tiles' markers keep a new checkpoint's batches apart from an earlier one's
+        (:func:`pipelines.stream_state.merged_already`), so its events are added to
+        the tiles that one left. That is right when it reads on where the other
+        stopped (``startingOffsets`` latest, or a new topic); when it reads again
+        what the other counted (a wiped checkpoint started from earliest), those
+        events count twice. The job cannot tell which, so the operator is told.
+        """
+        previous = self.store.claim(run)
+        self._claimed = run
+        if previous is not None and previous != run:
+            log.warning(
+                "stream: Redis holds tiles written by another checkpoint (run %s); this one "
+                "(run %s, under %s) adds its events to them. If it reads again events the "
+                "other already counted (a wiped checkpoint started from earliest), they "
+                "count twice: then stop it, delete the stream's keys (%s*, %s*) and start it "
+                "again.", previous, run, self.settings.checkpoint_path,
+                online_keys.key("tiles", ""), online_keys.key("stream", ""))
 
     def _submit_snapshot(self, spark: SparkSession, batch_log: BatchLog | None,
                          mark: SnapshotMark, previous: SnapshotMark | None) -> None:

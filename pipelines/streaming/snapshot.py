@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -241,8 +242,10 @@ def write_served_snapshot(spark: SparkSession, settings: Settings, redis_kwargs:
             if not files.exists(staging_path(settings, stage_id, name) + "/_SUCCESS")]
     ddl = {**{spec.name: view_schema(spec) for spec in _VIEWS.values()}, "top_items": TOP_SCHEMA}
     schemas = {name: arrow_schema(ddl[name]) for name in todo}
-    frames = [(arrow_frame(spark, table, ddl[name]), name)
-              for name, table in (_read_served(redis_kwargs, tiles, schemas) if todo else [])]
+    started = time.monotonic()
+    tables = _read_served(redis_kwargs, tiles, schemas) if todo else []
+    read_s = time.monotonic() - started
+    frames = [(arrow_frame(spark, table, ddl[name]), name) for name, table in tables]
     if frames:
         with ThreadPoolExecutor(max_workers=len(frames), thread_name_prefix="snapshot-write") as pool:
             writes = [pool.submit(inheriting(spark, _stage), frame, settings, name,
@@ -256,6 +259,11 @@ def write_served_snapshot(spark: SparkSession, settings: Settings, redis_kwargs:
     if done is not None:
         done()
     files.delete(staging_path(settings, stage_id))
+    # one line per snapshot: it shares the cores with the stream, so its size and
+    # length are what an operator compares with a slow batch at the slide boundary
+    log.info("feature snapshot %s: %s; read from Redis %.2fs, written %.2fs", stage_id,
+             ", ".join(f"{name} {table.num_rows:,} rows" for name, table in tables)
+             or "already staged", read_s, time.monotonic() - started - read_s)
 
 
 def _struct(ddl: str) -> StructType:

@@ -192,6 +192,53 @@ def test_a_replayed_batch_changes_nothing(
             assert compare_values(spec, online, spec.decode(encoded)) == [], row[spec.join_key]
 
 
+def test_a_new_checkpoints_batches_reach_the_tiles_an_earlier_one_left(
+    make_settings: Callable[..., Settings], redis_client: Any, spark: Any,
+) -> None:
+    """Batch ids start again at 0 on a new checkpoint. An earlier checkpoint's run left
+    its markers at batch 40 on these keys; the new run's batches 0 and 1 are new
+    events, not replays: afterwards the features equal features.windows over all of
+    them, and replaying the new run's batch 1 still changes nothing."""
+    from features.feast_layout import USER_ACTIVITY
+    from features.tiles import user_tiles
+    from features.windows import finalize_user_features
+    from pipelines.connections import redis_kwargs
+    from pipelines.stream_state import MARKER_FIELD, TileStore, tiles_key
+    from pipelines.verify import compare_values
+
+    settings = make_settings()
+    store = TileStore(redis_kwargs(settings, timeout_ms=5000), slide_seconds=60, last_items_n=5,
+                      long_window_seconds=86_400, ttl_seconds=3600, top_n=5)
+    seeds = (20, 21, 22)
+    batches = [spark.createDataFrame(_events(200, seed), EVENT_SCHEMA) for seed in seeds]
+    clock = max(max(e[2] for e in _events(200, seed)) for seed in seeds)
+    clock_us = (clock - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+
+    assert store.claim("old-run") is None  # what the job records on its first batch
+    store.apply(spark, batches[0], batch_id=40, as_of_us=clock_us, run="old-run")
+    assert store.claim("new-run") == "old-run"  # the new run sees (and warns) whose tiles
+    assert store.claim("new-run") == "new-run"
+    user = _events(200, seeds[1])[0][3]
+    assert redis_client.hget(tiles_key("user", user), MARKER_FIELD) is not None
+    store.apply(spark, batches[1], batch_id=0, as_of_us=clock_us, run="new-run")
+    store.apply(spark, batches[2], batch_id=1, as_of_us=clock_us, run="new-run")
+    assert redis_client.hget(tiles_key("user", user), MARKER_FIELD) in (b"new-run:0",
+                                                                        b"new-run:1")
+    state = {k: redis_client.hgetall(k) for k in redis_client.scan_iter("ss:v1:tiles:*")}
+    store.apply(spark, batches[2], batch_id=1, as_of_us=clock_us, run="new-run")  # a replay
+    assert {k: redis_client.hgetall(k) for k in redis_client.scan_iter("ss:v1:tiles:*")} == state
+
+    every = batches[0].unionByName(batches[1]).unionByName(batches[2])
+    expected = finalize_user_features(user_tiles(every, slide_seconds=60, last_items_n=5), clock,
+                                      slide_seconds=60, last_items_n=5).collect()
+    assert expected
+    for row in expected:
+        online = USER_ACTIVITY.decode(redis_client.hgetall(USER_ACTIVITY.redis_key(row["user_id"])))
+        _, encoded = USER_ACTIVITY.encode(row.asDict())
+        assert compare_values(USER_ACTIVITY, online, USER_ACTIVITY.decode(encoded)) == [], \
+            row["user_id"]
+
+
 def test_items_and_top_lists_over_a_day_of_batches_equal_a_recomputation(
     make_settings: Callable[..., Settings], redis_client: Any, spark: Any,
 ) -> None:

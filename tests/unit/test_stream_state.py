@@ -6,7 +6,16 @@ from datetime import UTC, datetime
 
 import pytest
 
-from pipelines.stream_state import BatchRecord, SnapshotMark, TileStore, dirty_key, tiles_key
+from pipelines.stream_state import (
+    BatchRecord,
+    PassConfig,
+    SnapshotMark,
+    TileStore,
+    batch_marker,
+    dirty_key,
+    merged_already,
+    tiles_key,
+)
 
 
 def test_batch_record_round_trips_through_json() -> None:
@@ -43,3 +52,37 @@ def test_tile_keys_cannot_escape_their_namespace() -> None:
     assert tiles_key("user", "u1") == "ss:v1:tiles:user:u1"
     assert tiles_key("user", "a:b*") == "ss:v1:tiles:user:a%3Ab%2A"
     assert dirty_key("item", 1_717_243_200) == "ss:v1:stream:dirty:item:1717243200"
+
+
+def _cfg(batch_id: int, run: str) -> PassConfig:
+    store = TileStore({}, slide_seconds=60, last_items_n=10, long_window_seconds=86_400,
+                      ttl_seconds=3600)
+    return store.config(batch_id, 1_717_243_200_000_000, run=run)
+
+
+@pytest.mark.parametrize(
+    ("stored", "batch_id", "run", "replay"),
+    [
+        (None, 0, "a1", False),  # a key no batch merged into yet
+        (b"a1:7", 7, "a1", True),  # batch 7 again after a crash: its deltas are in
+        (b"a1:7", 5, "a1", True),  # an older batch of the same run: in as well
+        (b"a1:7", 8, "a1", False),  # the next batch
+        (b"a1:900", 0, "b2", False),  # a new checkpoint's first batch: not the old run's 900
+        (b"a1:3", 3, "b2", False),  # same batch id, another run
+        (b"7", 7, "a1", True),  # a marker written before markers named the run
+        (b"7", 8, "a1", False),
+    ],
+)
+def test_a_batch_counts_as_merged_only_for_a_marker_of_its_own_run(
+    stored: bytes | None, batch_id: int, run: str, replay: bool,
+) -> None:
+    """Batch ids restart at 0 on a new checkpoint: a marker of another run must not make
+    its batches look like replays (their events would never reach the key's tiles)."""
+    assert merged_already(stored, _cfg(batch_id, run)) is replay
+
+
+def test_a_marker_reads_back_as_its_own_batch() -> None:
+    cfg = _cfg(12, "ab12")
+    assert batch_marker(cfg) == "ab12:12"
+    assert merged_already(batch_marker(cfg).encode(), cfg)
+    assert batch_marker(_cfg(12, "")) == "12"
