@@ -44,7 +44,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from datetime import UTC, datetime
 from multiprocessing import get_context
@@ -60,7 +60,6 @@ from features.feast_layout import (
 )
 from pipelines import offline_store
 from pipelines.settings import Settings
-from pipelines.spark import inheriting
 from pipelines.stream_state import ITEM, USER, dirty_key
 
 if TYPE_CHECKING:
@@ -230,7 +229,7 @@ def write_served_snapshot(spark: SparkSession, settings: Settings, redis_kwargs:
     Exactly once per ``stage_id`` (what asked for it), even when a crash
     interrupts it and a new process runs it again: the three tables are written to
     a staging directory first (read from Redis here, written by small Spark jobs
-    side by side); once all three are complete, their files move into the
+    one after another); once all three are complete, their files move into the
     tables (a rename each), then ``done()`` records it and the staging goes. A run
     after a crash keeps the staged tables that were complete, so what moves in is
     what the first run read, and moves only the files still staged.
@@ -246,13 +245,11 @@ def write_served_snapshot(spark: SparkSession, settings: Settings, redis_kwargs:
     tables = _read_served(redis_kwargs, tiles, schemas) if todo else []
     read_s = time.monotonic() - started
     frames = [(arrow_frame(spark, table, ddl[name]), name) for name, table in tables]
-    if frames:
-        with ThreadPoolExecutor(max_workers=len(frames), thread_name_prefix="snapshot-write") as pool:
-            writes = [pool.submit(inheriting(spark, _stage), frame, settings, name,
-                                  staging_path(settings, stage_id, name))
-                      for frame, name in frames]
-            for write in writes:
-                write.result()
+    # one table after another: each is a one-task job, and a task is never preempted, so
+    # side by side they held up to both of local[2]'s slots when a micro-batch's stage
+    # began (measured: the batch beside the write took +1.0-1.4 s; one at a time +0.1-1.3 s)
+    for frame, name in frames:
+        _stage(frame, settings, name, staging_path(settings, stage_id, name))
     for name in names:
         files.move_data_files(staging_path(settings, stage_id, name),
                               offline_store.snapshot_path(settings, name))
