@@ -29,7 +29,10 @@ pyarrow, pandas and Feast read as ``datetime64[us, UTC]``.
 
 from __future__ import annotations
 
+import shutil
+import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from features.events import VALID_COLUMNS
@@ -37,6 +40,7 @@ from features.validation import QUARANTINE_COLUMNS
 from pipelines.settings import Settings
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
 __all__ = [
@@ -56,6 +60,8 @@ __all__ = [
     "write_events",
     "write_quarantine",
     "write_snapshots",
+    "write_snapshot_table",
+    "local_dir",
     "read_events",
     "configure_parquet",
 ]
@@ -146,6 +152,47 @@ def write_snapshots(rows: DataFrame, settings: Settings, name: Snapshot | str, *
     (with_snapshot_partitions(rows).write.mode(mode)
      .partitionBy(*SNAPSHOT_PARTITION_COLUMNS).parquet(path))
     return path
+
+
+def local_dir(uri: str) -> Path | None:
+    """The local folder of a store path (a plain path or ``file:``), else ``None``."""
+    if uri.startswith("file:"):
+        return Path(uri.removeprefix("file:").removeprefix("//"))
+    return None if "://" in uri else Path(uri)
+
+
+_HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+
+
+def write_snapshot_table(table: pa.Table, path: str, created: datetime) -> int:
+    """Write Arrow snapshot rows in :func:`write_snapshots`' layout, replacing ``path``;
+    returns the rows written. Local paths only (:func:`local_dir`).
+
+    Why without Spark: the stream writes a snapshot beside its micro-batches, and a
+    Spark write is a task on the slots they need (a batch beside it ran +0.1-1.4 s
+    longer). Files, partition folders, Parquet types and the closing ``_SUCCESS``
+    are what Spark writes, so Spark, pyarrow and Feast read both alike.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    root = local_dir(path)
+    if root is None:
+        raise ValueError(f"not a local path: {path}")
+    if root.exists():
+        shutil.rmtree(root)  # a run that stopped part way
+    root.mkdir(parents=True)
+    stamp = pa.scalar(created, type=pa.timestamp("us", tz="UTC"))
+    table = table.append_column("created", pa.array([stamp.as_py()] * table.num_rows, stamp.type))
+    dates = pc.fill_null(pc.strftime(table["event_timestamp"], format="%Y-%m-%d"), _HIVE_NULL)
+    name = f"part-00000-{uuid.uuid4()}.c000.snappy.parquet"
+    for date in sorted(pc.unique(dates).to_pylist()):
+        folder = root / f"{SNAPSHOT_PARTITION_COLUMNS[0]}={date}"
+        folder.mkdir()
+        pq.write_table(table.filter(pc.equal(dates, date)), folder / name, compression="snappy")
+    (root / "_SUCCESS").touch()
+    return table.num_rows
 
 
 def _dates(since: datetime, until: datetime) -> list[str]:

@@ -576,6 +576,10 @@ def start_stream(spark: SparkSession, settings: Settings, options: StreamOptions
     if processor is None:
         processor = BatchProcessor(settings, checkpoint, recorder, online=options.online,
                                    snapshots=options.snapshots)
+    if options.online and options.snapshots:
+        from pipelines.streaming.snapshot import warm_reader
+
+        warm_reader()
     writer = (
         records.writeStream.queryName(QUERY_NAME)
         .option("checkpointLocation", checkpoint)

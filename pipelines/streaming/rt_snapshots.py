@@ -193,6 +193,9 @@ class SnapshotPoller:
         self._thread = threading.Thread(target=self._run, name="rt-snapshot-poll", daemon=True)
 
     def start(self) -> None:
+        from pipelines.streaming.snapshot import warm_reader
+
+        warm_reader()
         self._thread.start()
 
     def check(self) -> None:

@@ -22,9 +22,10 @@ latest ``created``).
 The entities come from the per-tile sets of touched entities the micro-batch pass
 keeps (:func:`pipelines.stream_state.dirty_key`). A reader process beside the driver
 (:func:`_reader`, at a lower CPU priority) reads them and the entities' hashes,
-pipelined, and hands the rows back as Arrow tables; the driver gives them to Spark,
-which writes them with one short JVM task per table in the background scheduler pool
-(:data:`pipelines.spark.BACKGROUND_POOL`).
+pipelined. On a local store it writes the staged tables itself, with pyarrow
+(:func:`stage_served`); on a remote one (``s3a://``) it hands the rows back as Arrow
+tables and the driver gives them to Spark, which writes them with one short JVM task
+per table in the background scheduler pool (:data:`pipelines.spark.BACKGROUND_POOL`).
 
 Why not Spark tasks: the snapshot runs beside the micro-batches, on the same task
 slots. Read by Python tasks on the executors it held both slots of ``local[2]`` for
@@ -48,7 +49,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from datetime import UTC, datetime
 from multiprocessing import get_context
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from features import online_keys
 from features.feast_layout import (
@@ -68,9 +69,10 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 __all__ = ["served_rows", "served_top_rows", "served_tables", "arrow_schema", "arrow_table", "arrow_frame", "local_frame",
-           "write_served_snapshot", "staging_path", "view_schema", "TOP_SCHEMA", "STAGING"]
+           "write_served_snapshot", "stage_served", "warm_reader", "staging_path", "view_schema", "TOP_SCHEMA", "STAGING"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _CHUNK = 1000
 """Entities per pipelined round trip."""
@@ -228,8 +230,9 @@ def write_served_snapshot(spark: SparkSession, settings: Settings, redis_kwargs:
 
     Exactly once per ``stage_id`` (what asked for it), even when a crash
     interrupts it and a new process runs it again: the three tables are written to
-    a staging directory first (read from Redis here, written by small Spark jobs
-    one after another); once all three are complete, their files move into the
+    a staging directory first (read from Redis by the reader process, which on a
+    local store writes them too; elsewhere small Spark jobs write them one after
+    another); once all three are complete, their files move into the
     tables (a rename each), then ``done()`` records it and the staging goes. A run
     after a crash keeps the staged tables that were complete, so what moves in is
     what the first run read, and moves only the files still staged.
@@ -242,14 +245,29 @@ def write_served_snapshot(spark: SparkSession, settings: Settings, redis_kwargs:
     ddl = {**{spec.name: view_schema(spec) for spec in _VIEWS.values()}, "top_items": TOP_SCHEMA}
     schemas = {name: arrow_schema(ddl[name]) for name in todo}
     started = time.monotonic()
-    tables = _read_served(redis_kwargs, tiles, schemas) if todo else []
-    read_s = time.monotonic() - started
-    frames = [(arrow_frame(spark, table, ddl[name]), name) for name, table in tables]
-    # one table after another: each is a one-task job, and a task is never preempted, so
-    # side by side they held up to both of local[2]'s slots when a micro-batch's stage
-    # began (measured: the batch beside the write took +1.0-1.4 s; one at a time +0.1-1.3 s)
-    for frame, name in frames:
-        _stage(frame, settings, name, staging_path(settings, stage_id, name))
+    if not todo:
+        rows, timing = {}, "already staged"
+    elif _stages_locally(staging_path(settings, stage_id)):
+        # a local store: the reader process writes the tables too, so no Spark task
+        # takes a slot from the micro-batches
+        staged = _in_reader(stage_served, redis_kwargs, tiles, dict(schemas),
+                            {name: staging_path(settings, stage_id, name) for name in todo})
+        rows = staged["rows"]
+        timing = f"read from Redis {staged['read_s']:.2f}s, staged {staged['write_s']:.2f}s"
+    else:
+        tables = _in_reader(served_tables, redis_kwargs, tiles, dict(schemas))
+        read_s = time.monotonic() - started
+        rows = {name: table.num_rows for name, table in tables}
+        frames = [(arrow_frame(spark, table, ddl[name]), name) for name, table in tables]
+        # one table after another: each is a one-task job, and a task is never preempted,
+        # so side by side they held up to both of local[2]'s slots when a micro-batch's
+        # stage began (the batch beside the write took +0.6-1.4 s over the one before it;
+        # one at a time +0.1-1.3 s)
+        for frame, name in frames:
+            _stage(frame, settings, name, staging_path(settings, stage_id, name))
+        timing = (f"read from Redis {read_s:.2f}s, "
+                  f"staged by Spark {time.monotonic() - started - read_s:.2f}s")
+    moving = time.monotonic()
     for name in names:
         files.move_data_files(staging_path(settings, stage_id, name),
                               offline_store.snapshot_path(settings, name))
@@ -258,9 +276,15 @@ def write_served_snapshot(spark: SparkSession, settings: Settings, redis_kwargs:
     files.delete(staging_path(settings, stage_id))
     # one line per snapshot: it shares the cores with the stream, so its size and
     # length are what an operator compares with a slow batch at the slide boundary
-    log.info("feature snapshot %s: %s; read from Redis %.2fs, written %.2fs", stage_id,
-             ", ".join(f"{name} {table.num_rows:,} rows" for name, table in tables)
-             or "already staged", read_s, time.monotonic() - started - read_s)
+    log.info("feature snapshot %s: %s; %s, moved in %.2fs", stage_id,
+             ", ".join(f"{name} {count:,} rows" for name, count in rows.items()) or "no tables",
+             timing, time.monotonic() - moving)
+
+
+def _stages_locally(staging: str) -> bool:
+    """Whether the reader process writes the staged tables (a local store: pyarrow
+    writes there directly; an object store's credentials live in Spark's config)."""
+    return offline_store.local_dir(staging) is not None
 
 
 def _struct(ddl: str) -> StructType:
@@ -335,6 +359,47 @@ def served_tables(redis_kwargs: dict[str, Any], tiles: list[int],
                            f"{traceback.format_exc()}") from None
 
 
+def stage_served(redis_kwargs: dict[str, Any], tiles: list[int], schemas: Mapping[str, pa.Schema],
+                 paths: Mapping[str, str]) -> dict[str, Any]:
+    """:func:`served_tables`, each written to its staging path in the snapshot layout
+    (:func:`pipelines.offline_store.write_snapshot_table`, local paths).
+
+    Runs in the reader process; returns the rows per table and the seconds spent
+    reading and writing. The rows of one snapshot share one ``created``.
+    """
+    started = time.monotonic()
+    tables = served_tables(redis_kwargs, tiles, schemas)
+    read_s = time.monotonic() - started
+    created = datetime.now(UTC)
+    try:
+        rows = {name: offline_store.write_snapshot_table(table, paths[name], created)
+                for name, table in tables}
+    except OSError:
+        raise  # picklable: a full disk or a permission names its path
+    except Exception as exc:
+        import traceback
+
+        raise RuntimeError(f"snapshot reader: {type(exc).__name__}: {exc}\n"
+                           f"{traceback.format_exc()}") from None
+    return {"rows": rows, "read_s": read_s, "write_s": time.monotonic() - started - read_s}
+
+
+def _warm() -> None:
+    """Import what the reader runs, so the first snapshot does not pay for it."""
+    import pyarrow.compute  # noqa: F401
+    import pyarrow.parquet  # noqa: F401
+    import redis  # noqa: F401
+
+
+def warm_reader() -> None:
+    """Start the reader process now, not at the first slide boundary.
+
+    Measured: the first snapshot's read took 9.7 s against 2-3 s warm (the spawn and
+    its imports), beside the start-up minute's batches, already the slowest.
+    """
+    _reader().submit(_warm)
+
+
 _READER: ProcessPoolExecutor | None = None
 _READER_LOCK = threading.Lock()
 READER_NICE = 10
@@ -363,11 +428,11 @@ def _reader() -> ProcessPoolExecutor:
         return _READER
 
 
-def _read_served(redis_kwargs: dict[str, Any], tiles: list[int],
-                 schemas: Mapping[str, pa.Schema]) -> list[tuple[str, pa.Table]]:
+def _in_reader(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in the reader process."""
     global _READER
     try:
-        return _reader().submit(served_tables, redis_kwargs, tiles, dict(schemas)).result()
+        return _reader().submit(fn, *args).result()
     except BrokenProcessPool:  # the reader died (killed, out of memory): a new one next time
         with _READER_LOCK:
             _READER = None

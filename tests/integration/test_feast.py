@@ -136,6 +136,43 @@ def test_get_historical_features_never_reads_a_later_snapshot(store: Any, backfi
     assert [value(df, i, "user_activity__views_24h") for i in range(len(rows))] == expected
 
 
+def test_feast_reads_stream_snapshots_beside_the_backfills(
+    backfilled: Settings, make_settings: Callable[..., Settings], tmp_path: Path,
+) -> None:
+    """The stream's reader process writes its snapshots with pyarrow, into the tables the
+    backfill writes with Spark. Feast's point-in-time join reads both: a stream row at
+    10:45 is what a request at 10:45 gets, and the backfill's 10:40 row before it."""
+    import shutil
+
+    import pyarrow as pa
+
+    from features.feast_layout import USER_ACTIVITY
+    from pipelines.feast_store import feature_store
+    from pipelines.offline_store import snapshot_path, write_snapshot_table
+    from pipelines.streaming.snapshot import arrow_schema, view_schema
+
+    settings = make_settings(data_dir=str(tmp_path / "data"))
+    shutil.copytree(backfilled.offline_path, settings.offline_path)
+    table = pd.read_parquet(snapshot_path(settings, USER_ACTIVITY.name))
+    row = table[(table.user_id == "u1") & (table.event_timestamp == at(10, 40))]
+    assert len(row) == 1
+    streamed = row.drop(columns=["created", "event_date"]).assign(
+        event_timestamp=at(10, 45), views_1h=41)
+    schema = arrow_schema(view_schema(USER_ACTIVITY))
+    stage = tmp_path / "stage"
+    write_snapshot_table(pa.Table.from_pandas(streamed[schema.names], schema=schema,
+                                              preserve_index=False),
+                         str(stage), datetime.now(UTC))
+    for part in stage.rglob("*.parquet"):  # moved in as the stream moves its staged files
+        target = Path(snapshot_path(settings, USER_ACTIVITY.name)) / part.relative_to(stage)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        part.rename(target)
+
+    df = historical(feature_store(settings), [("u1", "A", at(10, 44, 59)), ("u1", "A", at(10, 45))])
+    assert [value(df, i, "user_activity__views_1h") for i in range(2)] == [3, 41]
+    assert value(df, 1, "user_activity__purchases_1h") == 1  # the rest of the row, as written
+
+
 def test_get_online_features_returns_materialized_values(store: Any, backfilled: Settings) -> None:
     from pipelines.offline_store import snapshot_path
 

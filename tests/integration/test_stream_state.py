@@ -328,13 +328,17 @@ def test_items_and_top_lists_over_a_day_of_batches_equal_a_recomputation(
     assert redis_client.hgetall(top_base_key()) == base
 
 
+@pytest.mark.parametrize("writer", ["reader", "spark"])
 def test_a_snapshot_records_the_rows_and_lists_serving_reads(
     make_settings: Callable[..., Settings], redis_client: Any, spark: Any, tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch, writer: str,
 ) -> None:
     """Two batches whose clocks are in different tiles, then the snapshot of the first
     tile: one row per entity touched in it -- the row Redis holds, which is the batch
     recomputation as of that row's own timestamp -- none for an entity touched only
-    later, and every top list as stored, ranked as the backfill ranks."""
+    later, and every top list as stored, ranked as the backfill ranks. Written by the
+    reader process (a local store) or by Spark (an object store), the tables read back
+    alike, in Spark's types."""
     import pandas as pd
 
     from features.feast_layout import ITEM_STATS, USER_ACTIVITY
@@ -344,6 +348,7 @@ def test_a_snapshot_records_the_rows_and_lists_serving_reads(
     from pipelines.offline_store import snapshot_path
     from pipelines.online_writer import top_item_key
     from pipelines.stream_state import TileStore
+    from pipelines.streaming import snapshot as snap
     from pipelines.streaming.snapshot import write_served_snapshot
     from pipelines.verify import compare_values
 
@@ -370,7 +375,14 @@ def test_a_snapshot_records_the_rows_and_lists_serving_reads(
     tile0, tile1 = store.tile_of(epoch_us(clock0)), store.tile_of(epoch_us(clock1))
     assert tile0 < tile1
 
+    if writer == "spark":
+        monkeypatch.setattr(snap, "_stages_locally", lambda _: False)
     write_served_snapshot(spark, settings, kwargs, range(tile0, tile1, 60), stage_id=1)
+    # Spark reads the types it writes itself, whichever wrote the tables
+    for spec in (USER_ACTIVITY, ITEM_STATS):
+        want = snap._struct(snap.view_schema(spec)).simpleString()[:-1]
+        got = spark.read.parquet(snapshot_path(settings, spec.name)).schema.simpleString()
+        assert got == want + ",created:timestamp,event_date:date>", spec.name
 
     def recomputed(spec: Any, entity: str, as_of: datetime) -> dict[str, Any]:
         events = spark.createDataFrame(first + (second if as_of == clock1 else []), EVENT_SCHEMA)
