@@ -395,9 +395,16 @@ def warm_reader() -> None:
     """Start the reader process now, not at the first slide boundary.
 
     Measured: the first snapshot's read took 9.7 s against 2-3 s warm (the spawn and
-    its imports), beside the start-up minute's batches, already the slowest.
+    its imports), beside the start-up minute's batches, already the slowest. A reader
+    that died since (killed, out of memory) is replaced here, as ``_in_reader`` does.
     """
-    _reader().submit(_warm)
+    global _READER
+    try:
+        _reader().submit(_warm)
+    except BrokenProcessPool:
+        with _READER_LOCK:
+            _READER = None
+        _reader().submit(_warm)
 
 
 _READER: ProcessPoolExecutor | None = None
