@@ -458,7 +458,10 @@ def _freshness(settings: Any, spark: Any, mode: str, rate: float, probes: int,
 
     topic = f"bench.fresh.{mode}.{uuid.uuid4().hex[:8]}"
     _topic(settings, topic)
+    # a tile topic of its own too: the feed's group outlives a run, and a run that ended
+    # behind (2,000 events/s) would leave the next one its tiles to write first
     run_settings = settings.model_copy(update={"kafka_topic_events": topic, "stream_mode": mode,
+                                               "kafka_topic_rt_tiles": f"{topic}.tiles",
                                                "stream_starting_offsets": "latest",
                                                "checkpoint_dir": _fresh_checkpoints(settings, topic)})
     _empty_redis(settings)

@@ -541,8 +541,12 @@ class TileFeed:
     (:mod:`pipelines.streaming.rt_snapshots`).
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, new_checkpoint: bool = False) -> None:
+        """``new_checkpoint``: the query starts on a checkpoint of its own for the first
+        time, so tiles already in the topic that the feed has not applied were sent by
+        an earlier query (see :meth:`_warn_unread`)."""
         self.settings = settings
+        self.new_checkpoint = new_checkpoint
         self.topic = settings.kafka_topic_rt_tiles
         self.writer = RealtimeWriter(settings)
         self._stop = threading.Event()
@@ -584,6 +588,8 @@ class TileFeed:
             tps = [TopicPartition(self.topic, p) for p in parts]
             consumer.assign(tps)
             self._rewind(consumer, tps)
+            if self.new_checkpoint:
+                self._warn_unread(consumer, tps)
             self.writer.connect()
             last_report = time.monotonic()
             while True:
@@ -629,6 +635,29 @@ class TileFeed:
             pauses.remove()
             consumer.close()
             self.writer.disconnect()
+
+    def _warn_unread(self, consumer: Any, tps: list[Any]) -> None:
+        """Say so when a new checkpoint's feed starts with another query's tiles to write.
+
+        The feed's consumer group outlives a checkpoint, so a query started on a new
+        (or wiped) checkpoint has its tiles written after whatever an earlier query sent
+        and the feed had not yet applied. Those are full tiles of that query's state:
+        right to write when the new query reads on where it stopped, but when Redis was
+        emptied for a fresh start (or the events topic changed) they bring the earlier
+        run's entities back, and the feed writes them before any of the new query's. The
+        feed cannot tell which, so, as the micro-batch tiles' claim does, the operator
+        is told, with the count and the fix.
+        """
+        ends = consumer.end_offsets(tps)
+        unread = sum(max(0, ends[tp] - consumer.position(tp)) for tp in tps)
+        if unread:
+            log.warning(
+                "real-time tile feed: this query's checkpoint is new, and %s holds %d tiles an "
+                "earlier query sent that the feed (group %s-feed) has not written to Redis; "
+                "they are written first. If Redis was emptied for a fresh start they bring "
+                "that run's values back: then stop, and start again with a tile topic of its "
+                "own (SHOPSTREAM_KAFKA_TOPIC_RT_TILES) or after deleting the group's offsets.",
+                self.topic, unread, QUERY_NAME)
 
     @staticmethod
     def _rewind(consumer: Any, tps: list[Any]) -> None:
@@ -823,6 +852,12 @@ def realtime_tiles(spark: SparkSession, settings: Settings,
     return tile_messages(tiles)
 
 
+def _has_offsets(spark: SparkSession, checkpoint: str) -> bool:
+    """Whether a query has started on ``checkpoint`` before (Spark made its offset log)."""
+    path = getattr(spark._jvm, "org.apache.hadoop.fs.Path")(f"{checkpoint.rstrip('/')}/offsets")  # type: ignore[attr-defined]
+    return bool(path.getFileSystem(spark._jsc.hadoopConfiguration()).exists(path))  # type: ignore[attr-defined]
+
+
 def start_realtime(spark: SparkSession, settings: Settings, *,
                    snapshots: bool = True) -> RealtimeQuery:
     """Start the Real-time online query (see the module docstring); returns at once.
@@ -832,7 +867,8 @@ def start_realtime(spark: SparkSession, settings: Settings, *,
 
     out = realtime_tiles(spark, settings)
     ensure_topic(settings)
-    feed = TileFeed(settings)
+    checkpoint = query_checkpoint(settings, QUERY_NAME)
+    feed = TileFeed(settings, new_checkpoint=not _has_offsets(spark, checkpoint))
     feed.start()
     # one shuffle partition per stateful stage: the query holds Kafka partitions + 2 slots
     previous = spark.conf.get("spark.sql.shuffle.partitions")
@@ -846,7 +882,7 @@ def start_realtime(spark: SparkSession, settings: Settings, *,
                 .options(**settings.spark_kafka_options())
                 .option("kafka.linger.ms", "0")
                 .option("topic", settings.kafka_topic_rt_tiles)
-                .option("checkpointLocation", query_checkpoint(settings, QUERY_NAME))
+                .option("checkpointLocation", checkpoint)
                 .trigger(realTime=f"{settings.stream_realtime_checkpoint_seconds} seconds")
                 .start()
             )

@@ -200,6 +200,7 @@ def stream_settings(make_settings: Callable[..., Settings], tmp_path: Path, topi
                     **overrides: Any) -> Settings:
     values: dict[str, Any] = dict(
         kafka_topic_events=topic,
+        kafka_topic_rt_tiles=f"{topic}.tiles",  # a Real-time feed reads only its own test's tiles
         data_dir=str(tmp_path / "data"),
         feature_allowed_lateness_seconds=LATENESS_S,
         stream_max_offsets_per_trigger=400,

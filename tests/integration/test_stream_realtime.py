@@ -10,6 +10,7 @@ query for the Parquet sinks + Real-time query for Redis) on the data set of
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -516,6 +517,42 @@ def test_tile_feed_applies_what_spark_sends_through_kafka(
         consumer.close()
 
 
+def test_a_new_checkpoints_feed_warns_of_tiles_an_earlier_query_left(
+    spark: Any, make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any,
+    topic: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The feed's consumer group outlives a checkpoint: a query on a new checkpoint gets the
+    tiles an earlier query sent and the feed had not applied written first. The operator is
+    told how many (a restart on the same checkpoint, whose own tiles they are, is not)."""
+    from features.tiles import keyed_tiles
+    from pipelines.streaming.realtime import TileFeed, tile_messages
+
+    settings = make_settings(kafka_topic_rt_tiles=topic)
+
+    def send(n_events: int, seed: int) -> int:
+        events = spark.createDataFrame(_events(n_events, seed, start=AS_OF - timedelta(minutes=5),
+                                               span_s=300), EVENT_SCHEMA)
+        messages = tile_messages(keyed_tiles(events, slide_seconds=60, last_items_n=4))
+        messages.write.format("kafka").options(**settings.spark_kafka_options()).option(
+            "topic", topic).save()
+        return messages.count()
+
+    caplog.set_level(logging.WARNING, logger="pipelines.streaming.realtime")
+    send(40, 5)
+    _run_until_caught_up(TileFeed(settings), 60, "the feed did not catch up")  # a restart
+    assert "has not written to Redis" not in caplog.text
+
+    left = send(30, 6)
+    _run_until_caught_up(TileFeed(settings, new_checkpoint=True), 60, "the feed did not catch up")
+    warnings = [r.getMessage() for r in caplog.records if "has not written to Redis" in r.getMessage()]
+    assert len(warnings) == 1, caplog.text
+    assert f"{topic} holds {left} tiles an earlier query sent" in warnings[0]
+
+    caplog.clear()  # nothing left unread: a new checkpoint now starts clean, and is not warned
+    _run_until_caught_up(TileFeed(settings, new_checkpoint=True), 60, "the feed did not catch up")
+    assert "has not written to Redis" not in caplog.text
+
+
 def _rows_and_last(spark: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
     events = spark.createDataFrame(_events(300, 23, start=AS_OF - timedelta(minutes=20),
                                            span_s=1200), EVENT_SCHEMA)
@@ -623,3 +660,5 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
              if " ERROR " in line and any(line.split(" ERROR ")[1].startswith(name.rsplit(".", 1)[1])
                                           for name in STOP_NOISE_LOGGERS)]
     assert not noise, noise[:5]
+    # a first start on a new checkpoint, with a tile topic of its own: nothing of another's
+    assert "has not written to Redis" not in logged
