@@ -166,12 +166,16 @@ class Settings(BaseSettings):
     has a fixed cost (planning, a Parquet file per partition, checkpoint commits) taken
     from the cores the Real-time query runs on: at 1,000 events/s on 2 cores, 1 s took
     the JVM to about 1 core, 10 s to about 0.45."""
-    stream_realtime_offline_nice: int = Field(default=10, ge=0, le=19)
+    stream_realtime_offline_nice: int = Field(default=19, ge=0, le=19)
     """Real-time Mode: the micro-batch query that feeds the Parquet sinks runs as a process of
     its own (``shopstream stream --offline-only``) this much lower in CPU priority (``nice``),
     so its bursts (2-5 s of both cores every trigger at 1,000 events/s) no longer delay the
     online path: p99 freshness 3.0 -> 0.83 s side by side (``pipelines.streaming.offline_process``).
-    0: the same priority."""
+    19, the lowest, since 2026-11-27: at 10 its JVM still took 0.7-0.9 of a core in every
+    burst and the tile feed's lag reached 1-1.6 s in them (two runs of 100 probes at 1,000
+    events/s: p99 1.02 and 0.89 s, max 1.06 and 1.55 s); at 19, p99 0.40 and 0.73 s, max
+    0.52 and 0.81 s, and its batches still took 3-6 s of each 10 s trigger. 0: the same
+    priority."""
     stream_realtime_user_cache_tiles: int = Field(default=600_000, ge=0)
     """Real-time Mode: user tiles the tile feed keeps decoded in memory (about 2 KB each),
     so a touched user is not read back from Redis. Size it for the users active in a
