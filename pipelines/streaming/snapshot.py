@@ -398,12 +398,10 @@ def warm_reader() -> None:
     its imports), beside the start-up minute's batches, already the slowest. A reader
     that died since (killed, out of memory) is replaced here, as ``_in_reader`` does.
     """
-    global _READER
     try:
         _reader().submit(_warm)
     except BrokenProcessPool:
-        with _READER_LOCK:
-            _READER = None
+        _forget_reader()
         _reader().submit(_warm)
 
 
@@ -435,14 +433,19 @@ def _reader() -> ProcessPoolExecutor:
         return _READER
 
 
+def _forget_reader() -> None:
+    """Drop a reader that died (killed, out of memory): the next use starts a new one."""
+    global _READER
+    with _READER_LOCK:
+        _READER = None
+
+
 def _in_reader(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` in the reader process."""
-    global _READER
     try:
         return _reader().submit(fn, *args).result()
-    except BrokenProcessPool:  # the reader died (killed, out of memory): a new one next time
-        with _READER_LOCK:
-            _READER = None
+    except BrokenProcessPool:
+        _forget_reader()
         raise
 
 
