@@ -109,8 +109,12 @@ NULL_TIMESTAMP = -(2**63)
 FeatureKind = Literal["int64", "double", "string", "timestamp", "string_list", "double_list"]
 
 
+@lru_cache(maxsize=1 << 16)
 def entity_key(join_key: str, value: str, project: str = PROJECT) -> bytes:
-    """The Redis key of one entity (string join key), as Feast's ``_redis_key`` builds it."""
+    """The Redis key of one entity (string join key), as Feast's ``_redis_key`` builds it.
+
+    Cached: the Real-time feed names each touched entity's key twice a flush (its stored
+    timestamp, then its row), for the same active users and items flush after flush."""
     k = join_key.encode("utf-8")
     v = str(value).encode("utf-8")
     return b"".join(
@@ -167,12 +171,14 @@ _DOUBLE = struct.Struct("<d")
 _EMPTY_VALUE = b""
 
 
+@lru_cache(maxsize=64)
 def encode_timestamp(ts: datetime) -> bytes:
     """A serialized ``google.protobuf.Timestamp`` (naive datetimes are UTC).
 
     Written by hand (seconds and nanos, zero fields left out as proto3 does):
     the stream encodes one per entity and micro-batch, and the message object
-    cost more than the rest of the row.
+    cost more than the rest of the row. Cached: every row of a flush or a batch
+    carries the same event timestamp, its clock.
     """
     delta = _aware(ts) - _EPOCH
     seconds = delta.days * 86_400 + delta.seconds
@@ -182,6 +188,7 @@ def encode_timestamp(ts: datetime) -> bytes:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ABSENT = object()
 
 
 def decode_timestamp(data: bytes | None) -> datetime | None:
@@ -337,8 +344,12 @@ class ViewSpec:
         The row needs the join key, every feature and ``event_timestamp``.
         """
         mapping = {}
+        get = row.get if isinstance(row, dict) else None
         for fld, name, null, encoder in self._encoders:
-            value = self._value(row, name)
+            # a dict's get is the common case (finalized rows): no call per feature
+            value = get(name, _ABSENT) if get is not None else _ABSENT
+            if value is _ABSENT:
+                value = self._value(row, name)
             mapping[fld] = null if value is None else encoder(value)
         mapping[timestamp_field(self.name)] = encode_timestamp(row["event_timestamp"])
         return self.redis_key(row[self.join_key], project), mapping

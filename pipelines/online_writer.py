@@ -17,7 +17,9 @@ Three kinds of data, each with its layout documented where the keys are built:
   hash. Readers see the old list or the new one, never a half-written one.
   With ``prune``, scopes that no longer have any sales lose their keys in the
   same transaction. A list whose stored as-of is newer than the new one is left
-  alone (a late backfill never overwrites the stream's fresher lists).
+  alone (a late backfill never overwrites the stream's fresher lists). A writer
+  that keeps a :class:`TopListsWritten` rewrites only the lists that changed since
+  its last write; the others keep their members and get the new as-of and TTL.
 * **Item metadata** hashes (:func:`~features.online_keys.item_meta_key`):
   ``category_id``, ``region``, ``price``, ``updated_ms``, with the
   ``online_ttl_seconds`` TTL refreshed on every write.
@@ -33,10 +35,12 @@ transaction, which is also what makes ``prune`` correct.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
+from functools import lru_cache
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +71,7 @@ __all__ = [
     "item_metadata_partition_writer",
     "write_item_metadata_df",
     "top_item_key",
+    "TopListsWritten",
 ]
 
 logger = logging.getLogger(__name__)
@@ -90,7 +95,9 @@ def _flat(mapping: Mapping[Any, Any]) -> list[Any]:
     return [part for pair in mapping.items() for part in pair]
 
 
+@lru_cache(maxsize=4096)
 def _ts_nanos(data: bytes | None) -> int | None:
+    """Nanoseconds of a serialized Timestamp (cached: a flush's rows share their clock's)."""
     if not data:
         return None
     ts = Timestamp()
@@ -275,6 +282,53 @@ def _parse_meta_field(name: str) -> tuple[str, str, str]:
     return kind, window, scope
 
 
+TopSpec = tuple[str, str, str]
+"""One top list: (kind, window, scope)."""
+
+
+class TopListsWritten:
+    """The lists one writer last wrote, so its next write can leave unchanged ones alone.
+
+    Why: the Real-time feed ranks every list up to four times a second, and between two
+    rankings only the scopes of the items sold in between change. Rewriting all of them
+    (about 4 commands each, hundreds of lists) was most of a top write, which holds up
+    the tiles waiting behind it.
+
+    A list counts as unchanged only when its members and scores equal what this writer
+    wrote, the as-of stored for it is the one this writer stored (nobody wrote it
+    since), and its members were written less than ``max_age_s`` ago: a list lost
+    another way (evicted under ``maxmemory``) is back within that. Drop it
+    (:meth:`clear`) whenever Redis may have lost data behind the writer's back, as
+    after a reconnect.
+    """
+
+    def __init__(self, max_age_s: float = 60.0) -> None:
+        self.max_age_s = max_age_s
+        # list -> (members and scores, the as-of stored with them, when they were written)
+        self._lists: dict[TopSpec, tuple[dict[str, float], int, float]] = {}
+
+    def __len__(self) -> int:
+        return len(self._lists)
+
+    def clear(self) -> None:
+        self._lists.clear()
+
+    def unchanged(self, spec: TopSpec, members: Mapping[str, float], stored_ms: int | None,
+                  now: float) -> bool:
+        held = self._lists.get(spec)
+        return (held is not None and held[1] == stored_ms and now - held[2] < self.max_age_s
+                and held[0] == members)
+
+    def wrote(self, spec: TopSpec, members: dict[str, float], as_of_ms: int, now: float,
+              *, rewritten: bool) -> None:
+        held = self._lists.get(spec)
+        since = now if rewritten or held is None else held[2]
+        self._lists[spec] = (members, as_of_ms, since)
+
+    def forget(self, spec: TopSpec) -> None:
+        self._lists.pop(spec, None)
+
+
 def write_top_items(
     client: redis.Redis,
     rows: Iterable[Any],
@@ -282,6 +336,7 @@ def write_top_items(
     top_n: int,
     prune: bool = False,
     ttl_seconds: int = online_keys.TOP_TTL,
+    written: TopListsWritten | None = None,
 ) -> int:
     """Replace top-seller / trending sorted sets atomically; returns lists written.
 
@@ -299,6 +354,9 @@ def write_top_items(
         kind and window that are absent, i.e. scopes with no sales any more.
     ttl_seconds
         TTL of each list and of the meta hash (:data:`features.online_keys.TOP_TTL`).
+    written
+        What this writer wrote before (updated here): lists equal to it are not
+        rewritten, only stamped with the new as-of (:class:`TopListsWritten`).
     """
     lists: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
     as_of_ms: int | None = None
@@ -338,27 +396,39 @@ def write_top_items(
             if name not in live and ms <= as_of_ms and (kind, window) in covered:
                 stale_fields.append(name)
 
+    now = time.monotonic()
+    changed = [spec for spec in fresh if written is None or not written.unchanged(
+        spec, lists[spec], stored_ms.get(fields[spec]), now)]
     token = uuid.uuid4().hex
-    with client.pipeline(transaction=False) as pipe:
+    batch = CommandBatch(client)
+    for spec in changed:
+        tmp = _temp_key(top_item_key(*spec), token)
+        batch.add("DEL", tmp)
+        batch.add("ZADD", tmp, *[part for member, score in lists[spec].items()
+                                 for part in (score, member)])
+        batch.add("ZREMRANGEBYRANK", tmp, 0, -(top_n + 1))
+        batch.add("EXPIRE", tmp, 300)  # a crashed writer leaves no litter behind
+    batch.execute()
+    for spec in changed:
+        final = top_item_key(*spec)
+        batch.add("RENAME", _temp_key(final, token), final)
+    for spec in fresh:
+        batch.add("EXPIRE", top_item_key(*spec), ttl_seconds)
+    if fresh:
+        batch.add("HSET", meta_key, *[part for spec in fresh
+                                      for part in (fields[spec], str(as_of_ms))])
+    for name in stale_fields:
+        batch.add("DEL", top_item_key(*_parse_meta_field(name)))
+        batch.add("HDEL", meta_key, name)
+    if fresh or stale_fields:
+        batch.add("EXPIRE", meta_key, ttl_seconds)
+        batch.execute_transaction()
+    if written is not None:
+        rewritten = set(changed)
         for spec in fresh:
-            tmp = _temp_key(top_item_key(*spec), token)
-            pipe.delete(tmp)
-            pipe.zadd(tmp, lists[spec])
-            pipe.zremrangebyrank(tmp, 0, -(top_n + 1))
-            pipe.expire(tmp, 300)  # a crashed writer leaves no litter behind
-        pipe.execute()
-    with client.pipeline(transaction=True) as tx:
-        for spec in fresh:
-            final = top_item_key(*spec)
-            tx.rename(_temp_key(final, token), final)
-            tx.expire(final, ttl_seconds)
-            tx.hset(meta_key, fields[spec], str(as_of_ms))
+            written.wrote(spec, lists[spec], as_of_ms, now, rewritten=spec in rewritten)
         for name in stale_fields:
-            tx.delete(top_item_key(*_parse_meta_field(name)))
-            tx.hdel(meta_key, name)
-        if fresh or stale_fields:
-            tx.expire(meta_key, ttl_seconds)
-            tx.execute()
+            written.forget(_parse_meta_field(name))
     if len(fresh) < len(lists):
         logger.info("kept %d top lists that Redis holds with a newer as-of",
                     len(lists) - len(fresh))

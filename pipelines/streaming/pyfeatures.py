@@ -741,6 +741,11 @@ class _User:
                     del items[item]
 
 
+_COUNT_COLUMNS = tuple((f"{name}_{w}", w, i) for i, name in enumerate(("views", "carts", "purchases"))
+                       for w in WINDOW_SECONDS)
+_SPEND_COLUMNS = tuple((f"spend_{w}", w) for w in WINDOW_SECONDS)
+
+
 class RunningUsers:
     """Per user, the tiles the feed last read or wrote and their sums per window as of the
     clock: what :func:`finalize_user` computes, without reading or summing every tile.
@@ -828,11 +833,11 @@ class RunningUsers:
         current = tile_of(as_of, self.slide)
         self._advance(state, current)
         row: dict[str, Any] = {"user_id": user}
-        for i, name in enumerate(("views", "carts", "purchases")):
-            for w in WINDOW_SECONDS:
-                row[f"{name}_{w}"] = state.counts[w][i]
-        for w in WINDOW_SECONDS:
-            row[f"spend_{w}"] = float(state.spend[w])
+        counts = state.counts
+        for column, w, i in _COUNT_COLUMNS:
+            row[column] = counts[w][i]
+        for column, w in _SPEND_COLUMNS:
+            row[column] = float(state.spend[w])
         row["distinct_items_viewed_1h"] = len(state.items)
         # newest first, only those in the long window (older ones wait for trim)
         floor = current - WINDOW_SECONDS[LONG_WINDOW]

@@ -187,6 +187,66 @@ def test_write_top_items_replaces_lists_trims_and_prunes(redis_client: Any) -> N
     assert redis_client.zrange(global_key, 0, -1) == [b"i9"]
 
 
+def test_a_writer_that_remembers_its_lists_rewrites_only_changed_ones(redis_client: Any) -> None:
+    """With ``written``, an unchanged list keeps its members (not rewritten: a marker put
+    in it survives) and gets the new as-of; a changed one, one another writer stamped
+    since, and one older than ``max_age_s`` are rewritten; a pruned one is forgotten."""
+    from pipelines.online_writer import TopListsWritten, write_top_items
+
+    def ms(ts: datetime) -> int:
+        return int(ts.timestamp() * 1000)
+
+    def as_of(scope: str) -> int:
+        field = online_keys.top_meta_field("top", "24h", scope)
+        return int(redis_client.hget(online_keys.top_meta_key(), field))
+
+    glob, uk = online_keys.scope_global(), online_keys.scope_for(region="United Kingdom")
+    global_key = online_keys.top_sellers_key("24h", glob)
+    uk_key = online_keys.top_sellers_key("24h", uk)
+
+    def rows(ts: datetime, uk_item: str = "x") -> list[dict]:
+        return [top_row("i0", 9.0, 1, ts=ts), top_row("i1", 8.0, 2, ts=ts),
+                top_row(uk_item, 3.0, 1, region="United Kingdom", ts=ts)]
+
+    written = TopListsWritten()
+    assert write_top_items(redis_client, rows(T), top_n=3, prune=True, written=written) == 2
+    assert len(written) == 2
+    redis_client.zadd(global_key, {"marker": 1.0})  # shows whether a list was rewritten
+    redis_client.zadd(uk_key, {"marker": 1.0})
+
+    t1 = T + timedelta(seconds=1)
+    assert write_top_items(redis_client, rows(t1, uk_item="z"), top_n=3, prune=True,
+                           written=written) == 2
+    assert redis_client.zscore(global_key, "marker") == 1.0  # unchanged: left alone
+    assert as_of(glob) == ms(t1)  # ...but stamped with the new as-of
+    assert redis_client.zrange(uk_key, 0, -1) == [b"z"]  # changed: rewritten
+    assert as_of(uk) == ms(t1)
+
+    # another writer stamped the global list since: rewritten although unchanged
+    write_top_items(redis_client, [top_row("i0", 9.0, 1, ts=t1 + timedelta(milliseconds=1)),
+                                   top_row("i1", 8.0, 2, ts=t1 + timedelta(milliseconds=1))],
+                    top_n=3)
+    redis_client.zadd(global_key, {"marker": 1.0})
+    t2 = T + timedelta(seconds=2)
+    write_top_items(redis_client, rows(t2, uk_item="z"), top_n=3, prune=True, written=written)
+    assert redis_client.zscore(global_key, "marker") is None
+    assert as_of(glob) == ms(t2)
+
+    # members written longer ago than max_age_s are rewritten (a list evicted under
+    # maxmemory comes back)
+    redis_client.delete(global_key)
+    written.max_age_s = 0.0
+    write_top_items(redis_client, rows(T + timedelta(seconds=3), uk_item="z"), top_n=3,
+                    prune=True, written=written)
+    assert redis_client.zrevrange(global_key, 0, -1) == [b"i0", b"i1"]
+
+    # the UK scope sold nothing: pruned, and forgotten by the writer
+    t4 = T + timedelta(seconds=4)
+    write_top_items(redis_client, rows(t4)[:2], top_n=3, prune=True, written=written)
+    assert not redis_client.exists(uk_key)
+    assert len(written) == 1
+
+
 def test_write_top_items_readers_never_see_a_partial_list(redis_client: Any,
                                                          store_settings: Settings) -> None:
     from pipelines.connections import redis_client as make_client
