@@ -247,6 +247,11 @@ def _probe(settings: Any, topic: str, probes: int, gap_s: float, timeout_s: floa
 
     producer = kafka_producer(settings, linger_ms=0)
     client = redis_client(settings, timeout_ms=2000)
+    # connect both clients before the first timed probe: a new producer's first send
+    # waits for the topic's metadata (0.1 s idle, more under load), which a store's
+    # long-lived producer has long had; it belonged to probe 0 alone
+    producer.partitions_for(topic)
+    client.ping()
     latencies: list[float] = []
     sent_count = 0
     started = time.monotonic()

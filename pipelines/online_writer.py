@@ -297,9 +297,8 @@ class TopListsWritten:
     A list counts as unchanged only when its members and scores equal what this writer
     wrote, the as-of stored for it is the one this writer stored (nobody wrote it
     since), and its members were written less than ``max_age_s`` ago: a list lost
-    another way (evicted under ``maxmemory``) is back within that. Drop it
-    (:meth:`clear`) whenever Redis may have lost data behind the writer's back, as
-    after a reconnect.
+    another way (evicted under ``maxmemory``) is back within that. Start a new one
+    whenever Redis may have lost data behind the writer's back, as after a reconnect.
     """
 
     def __init__(self, max_age_s: float = 60.0) -> None:
@@ -309,9 +308,6 @@ class TopListsWritten:
 
     def __len__(self) -> int:
         return len(self._lists)
-
-    def clear(self) -> None:
-        self._lists.clear()
 
     def unchanged(self, spec: TopSpec, members: Mapping[str, float], stored_ms: int | None,
                   now: float) -> bool:

@@ -613,6 +613,12 @@ class TileFeed:
             self.writer.connect()
             last_report = last_commit = time.monotonic()
             uncommitted = False
+
+            def commit() -> None:
+                nonlocal last_commit, uncommitted
+                consumer.commit()
+                last_commit, uncommitted = time.monotonic(), False
+
             while True:
                 try:
                     cycle = time.monotonic()
@@ -625,8 +631,7 @@ class TileFeed:
                         self.writer.flush()
                         uncommitted = True
                         if time.monotonic() - last_commit >= COMMIT_SECONDS:
-                            consumer.commit()
-                            last_commit, uncommitted = time.monotonic(), False
+                            commit()
                         heap.step()
                         rest = MIN_CYCLE_S - (time.monotonic() - cycle)
                         if rest > 0:
@@ -637,8 +642,7 @@ class TileFeed:
                         ends = consumer.end_offsets(tps)
                         if all(consumer.position(tp) >= ends[tp] for tp in tps):
                             if uncommitted:  # caught up: what is in Redis is committed
-                                consumer.commit()
-                                last_commit, uncommitted = time.monotonic(), False
+                                commit()
                             self._idle.set()
                             if self._stop.is_set():
                                 break
