@@ -21,6 +21,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.table import Table
 
 from pipelines.settings import ENV_PREFIX, Settings
@@ -544,14 +545,23 @@ def verify(
 
 @app.command()
 def status() -> None:
-    """Show infrastructure health and the streaming job's latest progress."""
+    """Show infrastructure health and the streaming job's latest progress.
+
+    Exits 3 when a server is unhealthy, 4 when the streaming job failed or died without a
+    word (its state says running, its heartbeat stopped), so a cron job or a probe can act.
+    """
+    from datetime import UTC, datetime
+
     from pipelines import infra
-    from pipelines.stream_metrics import read_progress
+    from pipelines.stream_metrics import read_progress, stream_health
 
     settings = load_settings()
     health = infra.status(settings)
     _print_status(health)
     progress = read_progress(settings)
+    verdict = stream_health(progress, datetime.now(UTC))
+    colour = {"running": "green", "failed": "red", "silent": "red"}.get(verdict.state, "yellow")
+    out.print(f"[bold]streaming job:[/bold] [{colour}]{escape(verdict.message)}[/{colour}]")
     if progress:
         table = Table(title="streaming job (latest micro-batch)")
         table.add_column("metric")
@@ -560,10 +570,10 @@ def status() -> None:
         for name in first + [name for name in progress if name not in first]:
             table.add_row(name, progress[name])
         out.print(table)
-    else:
-        out.print("streaming job: no progress recorded yet")
     if not all(component.get("healthy") for component in health.values()):
         raise typer.Exit(3)
+    if not verdict.healthy:
+        raise typer.Exit(4)
 
 
 @app.command()

@@ -672,7 +672,8 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
             state = "failed"
             try:
                 why = _wait_realtime(rtm, sinks, options, stop_requested=graceful.requested,
-                                     grace_seconds=settings.stream_stop_grace_seconds)
+                                     grace_seconds=settings.stream_stop_grace_seconds,
+                                     recorder=recorder)
             except BaseException as exc:
                 state = _failed_state(exc)
                 raise
@@ -703,7 +704,9 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
         try:
             why = _wait(query, options, stop_requested=graceful.requested,
                         grace_seconds=settings.stream_stop_grace_seconds, processor=processor,
-                        beside=poller.check if poller is not None else None)
+                        beside=poller.check if poller is not None else None,
+                        # the Parquet sinks' process beside a Real-time driver is not the job
+                        recorder=recorder if options.online else None)
         except BaseException as exc:
             state = _failed_state(exc)
             with contextlib.suppress(Exception):  # the query's own failure is the one to report
@@ -740,7 +743,8 @@ def _failed_state(exc: BaseException) -> str:
 
 
 def _wait_realtime(rtm: Any, sinks: Any, options: StreamOptions,
-                   stop_requested: threading.Event, grace_seconds: float = 120.0) -> str:
+                   stop_requested: threading.Event, grace_seconds: float = 120.0,
+                   recorder: MetricsRecorder | None = None) -> str:
     """:func:`_wait` for Real-time Mode: the Real-time query and its feed here, the Parquet
     sinks in their process (:class:`pipelines.streaming.offline_process.OfflineSinksProcess`,
     started with the same stop condition). Stops both; raises :class:`StreamFailed` if
@@ -755,6 +759,8 @@ def _wait_realtime(rtm: Any, sinks: Any, options: StreamOptions,
                 break
             if rtm.query.awaitTermination(0.5):
                 break
+            if recorder is not None:
+                recorder.heartbeat(rtm.caught_up)
             try:
                 sinks_done = sinks.check()
             except RuntimeError as exc:  # the sinks' process failed: so does the job
@@ -796,7 +802,8 @@ def _wait_realtime(rtm: Any, sinks: Any, options: StreamOptions,
 def _wait(query: StreamingQuery, options: StreamOptions,
           stop_requested: threading.Event | None = None, grace_seconds: float = 120.0,
           processor: BatchProcessor | None = None,
-          beside: Callable[[], None] | None = None) -> str:
+          beside: Callable[[], None] | None = None,
+          recorder: MetricsRecorder | None = None) -> str:
     """Until the query ends or a stop condition holds; then stop it.
 
     Returns why: ``signal``, ``timeout``, ``idle`` or ``caught up`` (it ended by itself,
@@ -813,6 +820,8 @@ def _wait(query: StreamingQuery, options: StreamOptions,
                 break
             if query.awaitTermination(0.5):
                 break
+            if recorder is not None:  # `shopstream status` tells a dead job by its silence
+                recorder.heartbeat(lambda: _caught_up(query))
             if beside is not None:
                 try:
                     beside()

@@ -26,12 +26,13 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from features.online_keys import stream_progress_key
 from pipelines.settings import Settings
@@ -56,6 +57,8 @@ __all__ = [
     "format_epoch_line",
     "REALTIME_QUERY_NAME",
     "prometheus_text",
+    "StreamHealth",
+    "stream_health",
 ]
 
 log = logging.getLogger(__name__)
@@ -65,6 +68,14 @@ REALTIME_QUERY_NAME = "shopstream-online-rtm"
 get a line of their own (:func:`format_epoch_line`), not the micro-batch line."""
 
 PREFIX = "shopstream_stream"
+
+HEARTBEAT_SECONDS = 5.0
+"""How often a running job stamps ``job_heartbeat`` (and ``job_caught_up``) in the
+progress hash. Batches alone cannot tell an idle job from a dead one: an idle stream
+publishes no batch, and a SIGKILLed one cannot say it stopped."""
+HEARTBEAT_STALE_SECONDS = 30.0
+"""A job whose state says ``running`` but whose heartbeat is older than this was killed
+(``kill -9``, the OOM killer, a lost machine) or hangs."""
 
 
 @dataclass(frozen=True)
@@ -297,6 +308,101 @@ def read_progress(settings: Settings, client: Any | None = None) -> dict[str, st
     return {}
 
 
+@dataclass(frozen=True)
+class StreamHealth:
+    """``shopstream status``'s verdict on the streaming job, read from its progress hash.
+
+    ``state``: ``none`` (no job has published anything), ``running``, ``stopped`` (a
+    clean stop: a signal, ``--until-idle``, a timeout), ``failed`` (the job said why),
+    ``silent`` (it says ``running`` but its heartbeat stopped: killed or hung),
+    ``unknown`` (batch figures without a state: the progress file, read while Redis is down).
+    """
+
+    state: Literal["none", "running", "stopped", "failed", "silent", "unknown"]
+    message: str
+
+    @property
+    def healthy(self) -> bool:
+        """False when an operator has to act: the job failed, or died without a word."""
+        return self.state not in ("failed", "silent")
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _ago(then: datetime, now: datetime) -> str:
+    seconds = max((now - then).total_seconds(), 0.0)
+    if seconds < 120:
+        return f"{seconds:.0f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+def stream_health(progress: Mapping[str, str], now: datetime,
+                  stale_after_s: float = HEARTBEAT_STALE_SECONDS) -> StreamHealth:
+    """The job's state in one sentence, from what it published (:func:`read_progress`).
+
+    A job stamps a heartbeat every :data:`HEARTBEAT_SECONDS` while it runs, so a
+    ``running`` state with an old heartbeat (or none since a start longer ago than
+    ``stale_after_s``) means the process is gone or stuck, which the state alone
+    cannot show. The rest says where it is: catching up or caught up, its last batch,
+    its freshness, and in Real-time Mode the tile feed's.
+    """
+    state = progress.get("job_state", "")
+    if not progress:
+        return StreamHealth("none", "no streaming job has published progress yet")
+    since = _parse_time(progress.get("job_state_since"))
+    since_text = f" ({_ago(since, now)})" if since else ""
+    if state.startswith("failed"):
+        return StreamHealth("failed", f"{state}{since_text}; see the job's log, then start it "
+                                      "again: it resumes from its checkpoint")
+    if state.startswith("stopped"):
+        return StreamHealth("stopped", f"{state}{since_text}")
+    parts: list[str] = []
+    if state == "running":
+        beat = _parse_time(progress.get("job_heartbeat"))
+        if beat is not None and since is not None and beat < since:
+            beat = None  # an earlier run's
+        last_sign = beat or since
+        if last_sign is None or (now - last_sign).total_seconds() > stale_after_s:
+            heard = (f"its last heartbeat was {_ago(beat, now)}" if beat else
+                     f"it has sent no heartbeat since it started{since_text}")
+            return StreamHealth(
+                "silent", f"its state says running, but {heard}: the process was killed "
+                "(kill -9, out of memory) or hangs. Start it again: it resumes from its "
+                "checkpoint, with nothing lost or counted twice")
+        caught_up = progress.get("job_caught_up")
+        parts.append("running" + (", caught up" if caught_up == "yes" else
+                                  ", catching up (input is waiting)" if caught_up == "no" else ""))
+    else:  # only batch figures: the progress file, read while Redis is down
+        parts.append("state unknown (Redis unreachable?)")
+    mode = progress.get("mode")
+    if mode:
+        parts.append(f"mode {mode}")
+    stamp = _parse_time(progress.get("timestamp"))
+    if progress.get("batch_id") and stamp:
+        batch = f"last batch {progress['batch_id']} {_ago(stamp, now)}"
+        if progress.get("freshness_p99_s"):
+            batch += f", freshness p99 {float(progress['freshness_p99_s']):.2f} s"
+        parts.append(batch)
+    rt_stamp = _parse_time(progress.get("rt_updated"))
+    if rt_stamp and progress.get("rt_freshness_p99_s") and (since is None or rt_stamp >= since):
+        parts.append(f"real-time tiles p99 {float(progress['rt_freshness_p99_s']):.2f} s "
+                     f"(query {float(progress.get('rt_query_p99_s') or 0):.2f}, feed "
+                     f"{float(progress.get('rt_feed_p99_s') or 0):.2f}; {_ago(rt_stamp, now)})")
+    if progress.get("clock"):
+        parts.append(f"features as of {progress['clock']}")
+    return StreamHealth("running" if state == "running" else "unknown", "; ".join(parts))
+
+
 @dataclass
 class MetricsRecorder:
     """Joins per-batch stats with Spark's progress and publishes them (thread-safe)."""
@@ -308,6 +414,7 @@ class MetricsRecorder:
     _stats: dict[int, BatchStats] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _client: Any = None
+    _last_beat: float = float("-inf")
 
     def record_batch(self, stats: BatchStats) -> None:
         """Called by ``foreachBatch`` at the end of a batch."""
@@ -381,6 +488,19 @@ class MetricsRecorder:
         ``stopped: idle``, ``failed: ...``). A job killed with SIGKILL cannot say so:
         its state stays ``running`` with an old ``job_state_since`` and ``timestamp``."""
         self._hset({"job_state": state, "job_state_since": datetime.now(UTC).isoformat()})
+
+    def heartbeat(self, caught_up: Callable[[], bool] | None = None) -> None:
+        """Stamp ``job_heartbeat`` (and ``job_caught_up``: no input waiting) at most every
+        :data:`HEARTBEAT_SECONDS`; called from the job's wait loop, so it stops when the
+        process does (:func:`stream_health`). ``caught_up`` is asked only when due."""
+        now = time.monotonic()
+        if now - self._last_beat < HEARTBEAT_SECONDS:
+            return
+        self._last_beat = now
+        fields = {"job_heartbeat": datetime.now(UTC).isoformat()}
+        if caught_up is not None:
+            fields["job_caught_up"] = "yes" if caught_up() else "no"
+        self._hset(fields)
 
     def _hset(self, fields: dict[str, str]) -> None:
         try:

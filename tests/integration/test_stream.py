@@ -423,6 +423,7 @@ def test_stream_killed_twice_mid_batch_gives_the_same_results(
         _wait_mid_batch(checkpoint, batch, proc, timeout=600)
         time.sleep(0.3 * batch)  # somewhere inside the batch's writes
         proc.kill()
+        _assert_status_tells_a_dead_job(settings, redis_client)
     assert StreamProcess(settings, log_path).wait(timeout=900) == 0, log_path.read_text()[-3000:]
 
     second = wave2(first)
@@ -455,11 +456,31 @@ def test_sigterm_stops_the_stream_after_its_running_batch(
     assert "ERROR" not in text and "Traceback" not in text, text[-3000:]
     assert (checkpoint / "offsets" / "1").exists()
     assert not (checkpoint / "offsets" / "2").exists(), "a batch started after the SIGTERM"
-    assert _job_state(redis_client) == "stopped: SIGTERM"  # what `shopstream status` shows
+    assert _job_state(redis_client) == "stopped: SIGTERM"
+    shown = subprocess.run([sys.executable, "-m", "pipelines.cli", "status"], cwd=REPO,
+                           env=_env(settings), capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "streaming job: stopped: SIGTERM" in " ".join(shown.stdout.split()), shown.stdout
 
     assert StreamProcess(settings, log_path).wait(timeout=600) == 0, log_path.read_text()[-3000:]
     assert _job_state(redis_client) == "stopped: idle"
     check_stores(spark, settings, expected_outcome(first))
+
+
+def _assert_status_tells_a_dead_job(settings: Settings, redis_client: Any) -> None:
+    """A SIGKILLed job cannot say it stopped: its state stays ``running``. What ``shopstream
+    status`` judges by is its heartbeat, which stops with the process: fresh now, and
+    silent once it is older than the limit."""
+    from datetime import UTC, datetime, timedelta
+
+    from pipelines.stream_metrics import HEARTBEAT_STALE_SECONDS, read_progress, stream_health
+
+    progress = read_progress(settings, client=redis_client)
+    assert progress["job_state"] == "running" and progress.get("job_heartbeat"), progress
+    now = datetime.now(UTC)
+    assert stream_health(progress, now).state == "running"
+    later = stream_health(progress, now + timedelta(seconds=HEARTBEAT_STALE_SECONDS + 1))
+    assert later.state == "silent" and "killed" in later.message, later
 
 
 def _job_state(redis_client: Any) -> str:

@@ -643,6 +643,17 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
             # (a kernel without autogroups, or with them off, leaves the file missing or empty)
             if _autogroup(job.pid) is not None:
                 assert _autogroup(sinks) == _autogroup(job.pid)
+            # `shopstream status` hears the running driver's heartbeat
+            from datetime import UTC, datetime
+
+            from pipelines.stream_metrics import read_progress, stream_health
+
+            beat_deadline = time.monotonic() + 30
+            while not read_progress(settings, client=redis_client).get("job_heartbeat"):
+                assert time.monotonic() < beat_deadline, "no heartbeat within 30 s"
+                time.sleep(0.2)
+            verdict = stream_health(read_progress(settings, client=redis_client), datetime.now(UTC))
+            assert verdict.state == "running", verdict
             produce(settings, first[300:])
             assert job.wait(timeout=900) == 0, log_path.read_text()[-3000:]
         finally:

@@ -200,3 +200,87 @@ def test_textfile_timestamps_are_exact(settings: Settings) -> None:
                for s in family.samples}
     published = samples["shopstream_stream_last_batch_timestamp_seconds"]
     assert published == datetime.fromisoformat(metrics.timestamp).timestamp()
+
+
+# ------------------------------------------------------------------ shopstream status's verdict
+def _running(now: datetime, **fields: str) -> dict[str, str]:
+    from datetime import timedelta
+
+    started = now - timedelta(minutes=10)
+    return {"job_state": "running", "job_state_since": started.isoformat(),
+            "job_heartbeat": (now - timedelta(seconds=3)).isoformat(), "job_caught_up": "yes",
+            "batch_id": "812", "timestamp": (now - timedelta(seconds=2)).isoformat(),
+            "freshness_p99_s": "1.734", "clock": "2026-11-27T19:04:53+00:00",
+            "mode": "microbatch", **fields}
+
+
+def test_a_running_job_with_a_recent_heartbeat_is_running() -> None:
+    from datetime import UTC
+
+    from pipelines.stream_metrics import stream_health
+
+    now = datetime(2026, 11, 27, 20, 0, tzinfo=UTC)
+    verdict = stream_health(_running(now), now)
+    assert verdict.state == "running" and verdict.healthy
+    assert verdict.message.startswith("running, caught up")
+    assert "last batch 812 2 s ago, freshness p99 1.73 s" in verdict.message
+    assert "features as of 2026-11-27T19:04:53+00:00" in verdict.message
+    behind = stream_health(_running(now, job_caught_up="no"), now)
+    assert behind.message.startswith("running, catching up (input is waiting)")
+
+
+def test_a_killed_job_is_told_by_its_silent_heartbeat() -> None:
+    """kill -9 leaves ``running`` behind: the heartbeat's age tells the truth."""
+    from datetime import UTC, timedelta
+
+    from pipelines.stream_metrics import HEARTBEAT_STALE_SECONDS, stream_health
+
+    now = datetime(2026, 11, 27, 20, 0, tzinfo=UTC)
+    later = now + timedelta(seconds=HEARTBEAT_STALE_SECONDS + 5)
+    verdict = stream_health(_running(now), later)
+    assert verdict.state == "silent" and not verdict.healthy
+    assert "its last heartbeat was 38 s ago" in verdict.message
+    assert "killed" in verdict.message and "resumes from its checkpoint" in verdict.message
+    # a heartbeat older than the running state is an earlier run's, not this one's
+    restarted = _running(now, job_heartbeat=(now - timedelta(hours=2)).isoformat(),
+                         job_state_since=(now - timedelta(minutes=5)).isoformat())
+    assert "no heartbeat since it started (5 min ago)" in stream_health(restarted, now).message
+    # just started, no heartbeat yet: not silent
+    fresh = _running(now, job_state_since=(now - timedelta(seconds=2)).isoformat())
+    del fresh["job_heartbeat"]
+    assert stream_health(fresh, now).state == "running"
+
+
+def test_stopped_failed_and_unknown_states() -> None:
+    from datetime import UTC, timedelta
+
+    from pipelines.stream_metrics import stream_health
+
+    now = datetime(2026, 11, 27, 20, 0, tzinfo=UTC)
+    since = (now - timedelta(minutes=3)).isoformat()
+    stopped = stream_health({"job_state": "stopped: SIGTERM", "job_state_since": since}, now)
+    assert (stopped.state, stopped.message, stopped.healthy) == (
+        "stopped", "stopped: SIGTERM (3 min ago)", True)
+    failed = stream_health({"job_state": "failed: Kafka unreachable", "job_state_since": since}, now)
+    assert failed.state == "failed" and not failed.healthy
+    assert failed.message.startswith("failed: Kafka unreachable (3 min ago); see the job's log")
+    assert stream_health({}, now).state == "none"
+    # batch figures from the file while Redis is down: no state to judge
+    only_batch = {k: v for k, v in _running(now).items() if not k.startswith("job_")}
+    unknown = stream_health(only_batch, now)
+    assert unknown.state == "unknown" and unknown.healthy
+    assert unknown.message.startswith("state unknown")
+
+
+def test_realtime_figures_of_an_earlier_run_are_not_shown() -> None:
+    from datetime import UTC, timedelta
+
+    from pipelines.stream_metrics import stream_health
+
+    now = datetime(2026, 11, 27, 20, 0, tzinfo=UTC)
+    rt = {"rt_updated": (now - timedelta(seconds=4)).isoformat(), "rt_freshness_p99_s": "0.412",
+          "rt_query_p99_s": "0.130", "rt_feed_p99_s": "0.301"}
+    shown = stream_health(_running(now, **rt), now).message
+    assert "real-time tiles p99 0.41 s (query 0.13, feed 0.30; 4 s ago)" in shown
+    old = {**rt, "rt_updated": (now - timedelta(hours=1)).isoformat()}
+    assert "real-time" not in stream_health(_running(now, **old), now).message
