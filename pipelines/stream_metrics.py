@@ -239,8 +239,11 @@ def _phases(m: BatchMetrics) -> str:
     return "; " + ", ".join(parts) if parts else ""
 
 
-def prometheus_text(m: BatchMetrics, totals: Totals) -> str:
-    """The node-exporter textfile for the latest batch and the run's totals."""
+def prometheus_text(m: BatchMetrics, totals: Totals, heartbeat: datetime | None = None,
+                    caught_up: bool | None = None) -> str:
+    """The node-exporter textfile for the latest batch and the run's totals; with the job's
+    latest heartbeat, which an alert compares with ``time()`` (an idle job publishes no
+    batch, a killed one nothing at all)."""
     lines: list[str] = []
 
     def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
@@ -286,6 +289,13 @@ def prometheus_text(m: BatchMetrics, totals: Totals) -> str:
                [("", clock)])
     metric("last_batch_timestamp_seconds", "gauge", "When the latest batch was published.",
            [("", datetime.fromisoformat(m.timestamp).timestamp())])
+    if heartbeat is not None:
+        metric("heartbeat_timestamp_seconds", "gauge",
+               f"When the running job last stamped its heartbeat (every {HEARTBEAT_SECONDS:.0f} s).",
+               [("", heartbeat.timestamp())])
+    if caught_up is not None:
+        metric("caught_up", "gauge", "1 when no input was waiting at the latest heartbeat.",
+               [("", 1.0 if caught_up else 0.0)])
     return "\n".join(lines) + "\n"
 
 
@@ -415,6 +425,9 @@ class MetricsRecorder:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _client: Any = None
     _last_beat: float = float("-inf")
+    _beat: tuple[datetime, bool | None] | None = None
+    _files_lock: threading.Lock = field(default_factory=threading.Lock)
+    """The listener's thread (batches) and the job's (heartbeats) write the same files."""
 
     def record_batch(self, stats: BatchStats) -> None:
         """Called by ``foreachBatch`` at the end of a batch."""
@@ -497,12 +510,23 @@ class MetricsRecorder:
         if now - self._last_beat < HEARTBEAT_SECONDS:
             return
         self._last_beat = now
-        fields = {"job_heartbeat": datetime.now(UTC).isoformat()}
-        if caught_up is not None:
-            fields["job_caught_up"] = "yes" if caught_up() else "no"
-        self._hset(fields)
+        at = datetime.now(UTC)
+        up = caught_up() if caught_up is not None else None
+        fields = {"job_heartbeat": at.isoformat()}
+        if up is not None:
+            fields["job_caught_up"] = "yes" if up else "no"
+        self._beat = (at, up)
+        self._hset(fields, quiet=True)  # a Redis outage is the batches' to report
+        latest, prom = self.latest(), textfile_path(self.settings)
+        if latest is not None and prom is not None:
+            try:
+                with self._files_lock:
+                    write_textfile(prom, prometheus_text(latest, self.totals, at, up))
+            except OSError as exc:
+                log.warning("stream metrics: file write failed: %s", exc)
+        self._last_beat = time.monotonic()  # from its end: a slow Redis cannot make each call one
 
-    def _hset(self, fields: dict[str, str]) -> None:
+    def _hset(self, fields: dict[str, str], quiet: bool = False) -> None:
         try:
             if self._client is None:
                 from pipelines.connections import redis_client
@@ -510,7 +534,7 @@ class MetricsRecorder:
                 self._client = redis_client(self.settings, timeout_ms=2000)
             self._client.hset(stream_progress_key(), mapping=fields)
         except Exception as exc:  # noqa: BLE001 - metrics never fail the job
-            log.warning("stream metrics: Redis write failed: %s", exc)
+            (log.debug if quiet else log.warning)("stream metrics: Redis write failed: %s", exc)
             self._client = None
 
     def publish(self, m: BatchMetrics) -> None:
@@ -518,7 +542,8 @@ class MetricsRecorder:
         fields.update({f"total_{k}": str(v) for k, v in asdict(self.totals).items()})
         self._hset(fields)
         try:
-            self._write_files(m)
+            with self._files_lock:
+                self._write_files(m)
         except OSError as exc:
             log.warning("stream metrics: file write failed: %s", exc)
 
@@ -532,7 +557,8 @@ class MetricsRecorder:
             tmp.replace(path)
         prom = textfile_path(self.settings)
         if prom is not None:
-            write_textfile(prom, prometheus_text(m, self.totals))
+            beat, up = self._beat if self._beat is not None else (None, None)
+            write_textfile(prom, prometheus_text(m, self.totals, beat, up))
 
     def flush(self) -> None:
         """Close the Redis client (the latest figures are already published)."""

@@ -284,3 +284,36 @@ def test_realtime_figures_of_an_earlier_run_are_not_shown() -> None:
     assert "real-time tiles p99 0.41 s (query 0.13, feed 0.30; 4 s ago)" in shown
     old = {**rt, "rt_updated": (now - timedelta(hours=1)).isoformat()}
     assert "real-time" not in stream_health(_running(now, **old), now).message
+
+
+def test_the_heartbeat_reaches_prometheus_and_is_throttled(settings: Settings) -> None:
+    """An alert on ``time() - shopstream_stream_heartbeat_timestamp_seconds`` tells a dead
+    job from an idle one; the heartbeat asks whether input waits only when it is due."""
+    from datetime import UTC
+
+    recorder = MetricsRecorder(settings, _client=DownRedis())
+    recorder.record_batch(_stats())
+    recorder.on_progress(_progress())
+    asked: list[int] = []
+
+    def caught_up() -> bool:
+        asked.append(1)
+        return True
+
+    before = datetime.now(UTC).timestamp()
+    recorder._client = DownRedis()  # Redis is down: the file still gets the heartbeat
+    recorder.heartbeat(caught_up)
+    recorder.heartbeat(caught_up)  # within HEARTBEAT_SECONDS: nothing
+    assert len(asked) == 1
+    prom = textfile_path(settings)
+    assert prom is not None
+    samples = {s.name: s.value for family in text_string_to_metric_families(prom.read_text())
+               for s in family.samples}
+    assert before <= samples["shopstream_stream_heartbeat_timestamp_seconds"] <= before + 60
+    assert samples["shopstream_stream_caught_up"] == 1.0
+    assert samples["shopstream_stream_batch_id"] == 7
+    # the next batch keeps the heartbeat in the file
+    recorder._client = DownRedis()
+    recorder.record_batch(_stats(batch_id=8))
+    recorder.on_progress(_progress(batch_id=8))
+    assert "shopstream_stream_heartbeat_timestamp_seconds" in prom.read_text()
