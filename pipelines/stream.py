@@ -760,7 +760,10 @@ def _wait_realtime(rtm: Any, sinks: Any, options: StreamOptions,
             if rtm.query.awaitTermination(0.5):
                 break
             if recorder is not None:
-                recorder.heartbeat(rtm.caught_up)
+                # whether input waits is not known here: the query reports progress once
+                # an epoch ends (every stream_realtime_checkpoint_seconds); its freshness is
+                # in the feed's rt_ figures
+                recorder.heartbeat(None)
             try:
                 sinks_done = sinks.check()
             except RuntimeError as exc:  # the sinks' process failed: so does the job

@@ -505,16 +505,17 @@ class MetricsRecorder:
     def heartbeat(self, caught_up: Callable[[], bool] | None = None) -> None:
         """Stamp ``job_heartbeat`` (and ``job_caught_up``: no input waiting) at most every
         :data:`HEARTBEAT_SECONDS`; called from the job's wait loop, so it stops when the
-        process does (:func:`stream_health`). ``caught_up`` is asked only when due."""
+        process does (:func:`stream_health`). ``caught_up`` is asked only when due;
+        ``None`` when the job cannot tell."""
         now = time.monotonic()
         if now - self._last_beat < HEARTBEAT_SECONDS:
             return
         self._last_beat = now
         at = datetime.now(UTC)
         up = caught_up() if caught_up is not None else None
-        fields = {"job_heartbeat": at.isoformat()}
-        if up is not None:
-            fields["job_caught_up"] = "yes" if up else "no"
+        # "": not known (Real-time Mode), and not an earlier run's answer either
+        fields = {"job_heartbeat": at.isoformat(),
+                  "job_caught_up": "" if up is None else "yes" if up else "no"}
         self._beat = (at, up)
         self._hset(fields, quiet=True)  # a Redis outage is the batches' to report
         latest, prom = self.latest(), textfile_path(self.settings)
