@@ -240,8 +240,22 @@ def stream(
     elif realtime_snapshots:
         raise UserError("--realtime-snapshots goes with --offline-only (Real-time Mode's Parquet "
                         "sinks' process)")
+    from pipelines.checkpoint_lock import CheckpointBusy, checkpoint_lock
+    from pipelines.stream import query_checkpoint
+
+    if settings.stream_mode == "realtime":  # the driver's query; its sinks' process locks its own
+        from pipelines.streaming.realtime import QUERY_NAME as REALTIME_QUERY
+
+        checkpoint = query_checkpoint(settings, REALTIME_QUERY)
+    else:
+        checkpoint = query_checkpoint(settings)
     try:
-        recorder = run_stream(settings, options, stop_session=True, stop_on_signals=True)
+        # one job per checkpoint: a predecessor still finishing its batch is waited for
+        with checkpoint_lock(settings.run_path, checkpoint,
+                             wait_seconds=settings.stream_stop_grace_seconds + 30):
+            recorder = run_stream(settings, options, stop_session=True, stop_on_signals=True)
+    except CheckpointBusy as exc:
+        raise UserError(str(exc)) from exc
     except StreamFailed as exc:
         if _state["debug"]:
             raise

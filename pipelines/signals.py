@@ -23,11 +23,18 @@ import signal
 import threading
 from types import FrameType, TracebackType
 
-__all__ = ["GracefulStop", "STOP_SIGNALS"]
+__all__ = ["GracefulStop", "STOP_SIGNALS", "PARENT_DEATH_SIGNAL"]
 
 log = logging.getLogger(__name__)
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
+
+PARENT_DEATH_SIGNAL = signal.SIGUSR1
+"""What a child asks the kernel to send it when its parent dies (``PR_SET_PDEATHSIG``;
+Real-time Mode's Parquet sinks' process, :mod:`pipelines.streaming.offline_process`).
+A stop request like SIGTERM, but never a second one: the kernel sends it again each time
+the child is handed to another thread of its dying parent (once per thread as a killed
+process's threads exit), and as SIGTERM that repeat stopped the sinks mid-batch."""
 
 
 class GracefulStop:
@@ -50,7 +57,7 @@ class GracefulStop:
 
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
+            for sig in (*STOP_SIGNALS, PARENT_DEATH_SIGNAL):
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -65,6 +72,13 @@ class GracefulStop:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
+        if signum == PARENT_DEATH_SIGNAL:  # once, however often the kernel repeats it
+            if not self.requested.is_set():
+                self.signal_name = "parent died"
+                self.requested.set()
+                log.info("%s: the process that started it died: %s, then stopping",
+                         self.what, self.finishing)
+            return
         if self.requested.is_set():
             log.warning("%s: %s again: stopping at once (an unfinished batch is replayed on restart)",
                         self.what, name)

@@ -22,7 +22,9 @@ group of its own (a Ctrl-C in the terminal does not reach it), not a session.
 
 The child stops with its parent: SIGTERM from the parent's stop (it finishes its
 running micro-batch, as any ``shopstream stream`` does), and the kernel's parent-death
-signal if the parent is killed (:func:`die_with_parent`). Both queries keep their own
+signal if the parent is killed (:func:`die_with_parent`), which it takes as the same
+request, once. A supervisor may restart the parent while it finishes that batch: the new
+sinks' process waits for it (:mod:`pipelines.checkpoint_lock`). Both queries keep their own
 checkpoints, so a restart of either resumes where it left off.
 """
 
@@ -60,8 +62,10 @@ def lower_priority(settings: Settings) -> None:
 
 
 def die_with_parent() -> None:
-    """Have the kernel send SIGTERM to this process when the parent that started it dies
-    (a ``kill -9`` of the Real-time driver must not leave its Parquet sinks running).
+    """Have the kernel signal this process when the parent that started it dies (a
+    ``kill -9`` of the Real-time driver must not leave its Parquet sinks running):
+    :data:`pipelines.signals.PARENT_DEATH_SIGNAL`, a stop request that its repeats do
+    not turn into a stop at once.
 
     Linux only (``prctl``); elsewhere the child runs until it is stopped. Exits at once
     when the parent is already gone.
@@ -70,7 +74,9 @@ def die_with_parent() -> None:
     if not sys.platform.startswith("linux") or not expected:
         return
     libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+    from pipelines.signals import PARENT_DEATH_SIGNAL
+
+    if libc.prctl(_PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL, 0, 0, 0) != 0:
         log.warning("could not ask for a signal on the parent's death (errno %d)",
                     ctypes.get_errno())
     if os.getppid() != int(expected):  # it died before the prctl

@@ -674,3 +674,70 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
     # a first start on a new checkpoint, with a tile topic of its own: nothing of another's
     assert "has not written to Redis" not in logged
     assert "blocking the event loop" not in logged  # kafka-python's slow-step noise is dropped
+
+
+def test_real_time_mode_killed_twice_mid_stream_gives_the_same_results(
+    make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any, spark: Any,
+    tmp_path: Path,
+) -> None:
+    """``kill -9`` of the Real-time driver (its JVM with it; the Parquet sinks' process gets
+    the kernel's parent-death signal) twice while it writes, each time restarted at once,
+    as a supervisor would: the query replays its input since its last epoch, the feed its
+    tiles since its last commit, both rewriting the same full values, and the sinks'
+    process its micro-batch. The stores end exactly as the batch recomputation says."""
+    import signal
+
+    from pipelines.stream import query_checkpoint
+    from pipelines.streaming.realtime import QUERY_NAME, required_slots, rt_clock_key
+
+    topic = f"rtkill.{tmp_path.name[-20:]}".replace("_", "-")
+    settings = stream_settings(make_settings, tmp_path, topic, stream_mode="realtime",
+                               stream_realtime_checkpoint_seconds=5)
+    settings = settings.model_copy(update={"spark_master": f"local[{required_slots(settings)}]"})
+    create_topic(settings, topic)
+    first = wave1()
+    env = _env(settings)
+    log_path = tmp_path / "stream.log"
+    rt_commits = Path(query_checkpoint(settings, QUERY_NAME)) / "commits"
+    sink_commits = Path(query_checkpoint(settings)) / "commits"
+    sent = 0
+    for part in (1, 2):  # two crashes, each while the feed is writing what was just sent
+        cut = part * len(first) // 3
+        produce(settings, first[sent:cut])
+        sent = cut
+        clock_before = redis_client.get(rt_clock_key())
+        epochs_before, batches_before = _committed(rt_commits), _committed(sink_commits)
+        with open(log_path, "ab") as log:
+            job = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "stream"], cwd=REPO,
+                                   env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        try:
+            deadline = time.monotonic() + 600
+            # mid-stream: this run's feed has written tiles, and both queries have
+            # committed work of their own (an epoch, a micro-batch) that the restart must
+            # not redo wrongly
+            while (redis_client.get(rt_clock_key()) == clock_before
+                   or _committed(rt_commits) <= epochs_before
+                   or _committed(sink_commits) <= batches_before):
+                assert job.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, "no tiles, epoch or batch within 600 s"
+                time.sleep(0.1)
+            time.sleep(0.5 * part)  # somewhere inside the writes and the sinks' batches
+        finally:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(timeout=60)
+    produce(settings, first[sent:])
+    with open(log_path, "ab") as log:
+        job = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "stream", "--until-idle",
+                                "12"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            assert job.wait(timeout=900) == 0, log_path.read_text()[-3000:]
+        finally:
+            if job.poll() is None:
+                job.kill()
+    check_stores(spark, settings, expected_outcome(first))
+
+
+def _committed(commits: Path) -> int:
+    """Batches (epochs) a query's checkpoint marks done."""
+    return sum(1 for f in commits.iterdir() if f.name.isdigit()) if commits.exists() else 0

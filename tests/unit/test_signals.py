@@ -49,3 +49,16 @@ def test_outside_the_main_thread_it_installs_nothing() -> None:
     thread.start()
     thread.join()
     assert seen == [False]
+
+
+def test_the_parent_death_signal_asks_for_a_stop_however_often_it_comes() -> None:
+    """The kernel repeats a parent-death signal as each thread of the dead parent exits;
+    the repeats must not stop the job at once, as a second SIGTERM does."""
+    from pipelines.signals import PARENT_DEATH_SIGNAL
+
+    with GracefulStop("job") as stop:
+        for _ in range(3):
+            _deliver(PARENT_DEATH_SIGNAL)
+        assert stop.requested.is_set() and stop.signal_name == "parent died"
+        with pytest.raises(KeyboardInterrupt):  # a user's signal still stops it at once
+            _deliver(signal.SIGTERM)
