@@ -603,6 +603,20 @@ def _nice_of(pid: int, timeout_s: float = 30.0) -> int:
     return nice
 
 
+def _realtime_settings(make_settings: Callable[..., Settings], tmp_path: Path,
+                       prefix: str) -> Settings:
+    """A Real-time job's settings on a topic of its own (created): 5 s epochs, and the task
+    slots Real-time Mode holds at once."""
+    from pipelines.streaming.realtime import required_slots
+
+    topic = f"{prefix}.{tmp_path.name[-20:]}".replace("_", "-")
+    settings = stream_settings(make_settings, tmp_path, topic, stream_mode="realtime",
+                               stream_realtime_checkpoint_seconds=5)
+    settings = settings.model_copy(update={"spark_master": f"local[{required_slots(settings)}]"})
+    create_topic(settings, topic)
+    return settings
+
+
 def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
     make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any, spark: Any,
     tmp_path: Path,
@@ -612,13 +626,9 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
     job starts, the rest once the feed has written them, so the clock enters new tiles
     after the feed's first flush and snapshots are due (one flush of everything asks for
     none)."""
-    from pipelines.streaming.realtime import STOP_NOISE_LOGGERS, required_slots, rt_snapshot_keys
+    from pipelines.streaming.realtime import STOP_NOISE_LOGGERS, rt_snapshot_keys
 
-    topic = f"rtm.{tmp_path.name[-20:]}".replace("_", "-")
-    settings = stream_settings(make_settings, tmp_path, topic, stream_mode="realtime",
-                               stream_realtime_checkpoint_seconds=5)
-    settings = settings.model_copy(update={"spark_master": f"local[{required_slots(settings)}]"})
-    create_topic(settings, topic)
+    settings = _realtime_settings(make_settings, tmp_path, "rtm")
     first = wave1()
     produce(settings, first[:300])
     env = _env(settings)
@@ -688,13 +698,9 @@ def test_real_time_mode_killed_twice_mid_stream_gives_the_same_results(
     import signal
 
     from pipelines.stream import query_checkpoint
-    from pipelines.streaming.realtime import QUERY_NAME, required_slots, rt_clock_key
+    from pipelines.streaming.realtime import QUERY_NAME, rt_clock_key
 
-    topic = f"rtkill.{tmp_path.name[-20:]}".replace("_", "-")
-    settings = stream_settings(make_settings, tmp_path, topic, stream_mode="realtime",
-                               stream_realtime_checkpoint_seconds=5)
-    settings = settings.model_copy(update={"spark_master": f"local[{required_slots(settings)}]"})
-    create_topic(settings, topic)
+    settings = _realtime_settings(make_settings, tmp_path, "rtkill")
     first = wave1()
     env = _env(settings)
     log_path = tmp_path / "stream.log"
