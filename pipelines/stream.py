@@ -58,7 +58,7 @@ from pipelines import offline_store
 from pipelines.settings import Settings
 from pipelines.signals import GracefulStop
 from pipelines.spark import STREAM_POOL, inheriting, scheduler_pool
-from pipelines.stream_metrics import BatchStats, MetricsRecorder, ProgressListener
+from pipelines.stream_metrics import BatchStats, MetricsRecorder, ProgressListener, caught_up_of
 from pipelines.stream_state import BatchLog, BatchRecord, release
 
 if TYPE_CHECKING:
@@ -824,7 +824,7 @@ def _wait(query: StreamingQuery, options: StreamOptions,
             if query.awaitTermination(0.5):
                 break
             if recorder is not None:  # `shopstream status` tells a dead job by its silence
-                recorder.heartbeat(lambda: _caught_up(query))
+                recorder.heartbeat(lambda: caught_up_of(query.lastProgress))
             if beside is not None:
                 try:
                     beside()

@@ -59,6 +59,7 @@ __all__ = [
     "prometheus_text",
     "StreamHealth",
     "stream_health",
+    "caught_up_of",
 ]
 
 log = logging.getLogger(__name__)
@@ -318,6 +319,34 @@ def read_progress(settings: Settings, client: Any | None = None) -> dict[str, st
     return {}
 
 
+def _offsets(value: Any) -> Any:
+    """A source offset as Spark reports it (JSON text or already parsed), comparable."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def caught_up_of(progress: Mapping[str, Any] | None) -> bool | None:
+    """Whether the latest micro-batch read all the input there was: each source's
+    ``endOffset`` (what the batch read up to) is its ``latestOffset`` (what was there when
+    it was planned), so nothing was left for later by ``maxOffsetsPerTrigger``. At a
+    steady rate new input always arrives during a batch; that is keeping up, not falling
+    behind. ``None`` before a batch, or when a source does not report its latest offset."""
+    sources = (progress or {}).get("sources") or []
+    if not sources:
+        return None
+    for source in sources:
+        latest, end = source.get("latestOffset"), source.get("endOffset")
+        if latest is None or end is None:
+            return None
+        if _offsets(latest) != _offsets(end):
+            return False
+    return True
+
+
 @dataclass(frozen=True)
 class StreamHealth:
     """``shopstream status``'s verdict on the streaming job, read from its progress hash.
@@ -391,7 +420,7 @@ def stream_health(progress: Mapping[str, str], now: datetime,
                 "checkpoint, with nothing lost or counted twice")
         caught_up = progress.get("job_caught_up")
         parts.append("running" + (", caught up" if caught_up == "yes" else
-                                  ", catching up (input is waiting)" if caught_up == "no" else ""))
+                                  ", catching up (its last batch left input for the next)" if caught_up == "no" else ""))
     else:  # only batch figures: the progress file, read while Redis is down
         parts.append("state unknown (Redis unreachable?)")
     mode = progress.get("mode")
@@ -502,11 +531,11 @@ class MetricsRecorder:
         its state stays ``running`` with an old ``job_state_since`` and ``timestamp``."""
         self._hset({"job_state": state, "job_state_since": datetime.now(UTC).isoformat()})
 
-    def heartbeat(self, caught_up: Callable[[], bool] | None = None) -> None:
+    def heartbeat(self, caught_up: Callable[[], bool | None] | None = None) -> None:
         """Stamp ``job_heartbeat`` (and ``job_caught_up``: no input waiting) at most every
         :data:`HEARTBEAT_SECONDS`; called from the job's wait loop, so it stops when the
-        process does (:func:`stream_health`). ``caught_up`` is asked only when due;
-        ``None`` when the job cannot tell."""
+        process does (:func:`stream_health`). ``caught_up`` is asked only when due (see
+        :func:`caught_up_of`); ``None`` when the job cannot tell."""
         now = time.monotonic()
         if now - self._last_beat < HEARTBEAT_SECONDS:
             return

@@ -226,7 +226,7 @@ def test_a_running_job_with_a_recent_heartbeat_is_running() -> None:
     assert "last batch 812 2 s ago, freshness p99 1.73 s" in verdict.message
     assert "features as of 2026-11-27T19:04:53+00:00" in verdict.message
     behind = stream_health(_running(now, job_caught_up="no"), now)
-    assert behind.message.startswith("running, catching up (input is waiting)")
+    assert behind.message.startswith("running, catching up (its last batch left input for the next)")
 
 
 def test_a_killed_job_is_told_by_its_silent_heartbeat() -> None:
@@ -317,3 +317,19 @@ def test_the_heartbeat_reaches_prometheus_and_is_throttled(settings: Settings) -
     recorder.record_batch(_stats(batch_id=8))
     recorder.on_progress(_progress(batch_id=8))
     assert "shopstream_stream_heartbeat_timestamp_seconds" in prom.read_text()
+
+
+def test_caught_up_means_the_last_batch_took_all_there_was() -> None:
+    """At a steady rate input always arrives during a batch: keeping up. Behind is a batch
+    that ``maxOffsetsPerTrigger`` stopped short of what was there."""
+    from pipelines.stream_metrics import caught_up_of
+
+    def progress(end: str, latest: str | None) -> dict[str, Any]:
+        return {"sources": [{"description": "KafkaV2[Subscribe[t]]", "endOffset": end,
+                             "latestOffset": latest}]}
+
+    took_all = '{"t":{"0":500,"1":480}}'
+    assert caught_up_of(progress(took_all, '{"t":{"1":480,"0":500}}')) is True
+    assert caught_up_of(progress(took_all, '{"t":{"0":900,"1":480}}')) is False
+    assert caught_up_of(progress(took_all, None)) is None
+    assert caught_up_of(None) is None and caught_up_of({"sources": []}) is None
