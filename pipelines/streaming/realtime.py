@@ -78,7 +78,7 @@ from pipelines.spark import STREAM_POOL, quiet_loggers, scheduler_pool
 from pipelines.stream import is_redis_outage
 from pipelines.stream_metrics import REALTIME_QUERY_NAME
 from pipelines.stream_state import DIRTY_TTL_SECONDS, dirty_key
-from pipelines.streaming.heap import GcPauses, HeapFreezer
+from pipelines.streaming.heap import GcPauses, HeapFreezer, YoungThreshold
 from pipelines.streaming.pyfeatures import (
     TILE_OF_ROW,
     ItemMetadata,
@@ -600,9 +600,11 @@ class TileFeed:
         consumer = kafka_consumer(self.settings, group_id=f"{QUERY_NAME}-feed")
         outage_since: float | None = None
         heap = HeapFreezer(self.settings.stream_realtime_gc_freeze_seconds)
+        young = YoungThreshold(self.settings.stream_realtime_gc_young_threshold)
         pauses = GcPauses()
         self.writer.gc_pauses = pauses
         try:
+            young.install()
             pauses.install()
             parts = _partitions(consumer, self.topic)
             tps = [TopicPartition(self.topic, p) for p in parts]
@@ -639,8 +641,7 @@ class TileFeed:
                     else:
                         if self.writer.top_dirty:
                             self.writer.flush(final=True)
-                        ends = consumer.end_offsets(tps)
-                        if all(consumer.position(tp) >= ends[tp] for tp in tps):
+                        if self._at_end(consumer, tps):
                             if uncommitted:  # caught up: what is in Redis is committed
                                 commit()
                             self._idle.set()
@@ -668,6 +669,7 @@ class TileFeed:
             self._error = exc
         finally:
             pauses.remove()
+            young.remove()
             consumer.close()
             self.writer.disconnect()
 
@@ -693,6 +695,21 @@ class TileFeed:
                 "that run's values back: then stop, and start again with a tile topic of its "
                 "own (SHOPSTREAM_KAFKA_TOPIC_RT_TILES) or after deleting the group's offsets.",
                 self.topic, unread, QUERY_NAME)
+
+    @staticmethod
+    def _at_end(consumer: Any, tps: list[Any]) -> bool:
+        """Whether the feed has read every tile the topic held as of its last fetches.
+
+        The end of each partition comes from the fetch responses (``highwater``), not from
+        a ``ListOffsets`` request: the broker answers a connection's requests in order, so
+        one sent after an empty poll waited behind the consumer's parked fetch (up to its
+        ``fetch.max.wait.ms``, 500 ms) whenever no tile came meanwhile. A partition not
+        fetched yet is asked for."""
+        ends = {tp: consumer.highwater(tp) for tp in tps}
+        missing = [tp for tp, end in ends.items() if end is None]
+        if missing:
+            ends.update(consumer.end_offsets(missing))
+        return all(consumer.position(tp) >= ends[tp] for tp in tps)
 
     @staticmethod
     def _rewind(consumer: Any, tps: list[Any]) -> None:

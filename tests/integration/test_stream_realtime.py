@@ -517,6 +517,44 @@ def test_tile_feed_applies_what_spark_sends_through_kafka(
         consumer.close()
 
 
+def test_the_feed_is_at_the_end_only_once_it_has_read_every_partition_to_its_end(
+    settings: Settings, topic: str,
+) -> None:
+    """The feed's caught-up check reads each partition's end from its fetches, without a
+    request that would queue behind a parked fetch; it must still see unread tiles, and a
+    partition it has not fetched yet."""
+    from kafka import TopicPartition
+
+    from pipelines.connections import kafka_consumer, kafka_producer
+    from pipelines.streaming.realtime import TileFeed
+
+    producer = kafka_producer(settings)
+    try:
+        for i in range(6):
+            producer.send(topic, key=b"user|u%d" % i, value=b"{}", partition=i % 2)
+        producer.flush()
+    finally:
+        producer.close()
+    consumer = kafka_consumer(settings)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+        assert len(tps) >= 2, "the test needs two partitions"
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        assert not TileFeed._at_end(consumer, tps), "nothing fetched yet, six tiles unread"
+        read = 0
+        deadline = time.monotonic() + 30
+        while read < 6:
+            assert time.monotonic() < deadline, f"read {read} of 6 tiles"
+            polled = consumer.poll(timeout_ms=200, max_records=1)
+            read += sum(len(part) for part in polled.values())
+            if read < 6:
+                assert not TileFeed._at_end(consumer, tps), f"at the end after {read} of 6 tiles"
+        assert TileFeed._at_end(consumer, tps)
+    finally:
+        consumer.close()
+
+
 def test_a_new_checkpoints_feed_warns_of_tiles_an_earlier_query_left(
     spark: Any, make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any,
     topic: str, caplog: pytest.LogCaptureFixture,

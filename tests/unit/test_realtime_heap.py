@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from pipelines.streaming.heap import GcPauses, HeapFreezer
+from pipelines.streaming.heap import GcPauses, HeapFreezer, YoungThreshold
 
 
 class _Node:
@@ -114,3 +114,35 @@ def test_pauses_report_full_collections_and_reset(quiet_gc: None) -> None:
         pauses.remove()
     gc.collect()
     assert pauses.take()["rt_gc_full_collections"] == "0", "removed: no longer counting"
+
+
+@pytest.fixture
+def saved_threshold() -> Iterator[tuple[int, ...]]:
+    before = gc.get_threshold()
+    try:
+        yield before
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_the_young_threshold_is_raised_while_installed_then_put_back(
+        saved_threshold: tuple[int, ...]) -> None:
+    gc.set_threshold(700, 10, 10)
+    young = YoungThreshold(50_000)
+    young.install()
+    assert gc.get_threshold() == (50_000, 10, 10), "only the young generation's threshold moves"
+    young.install()  # a second install must not take the raised value for the one to restore
+    young.remove()
+    assert gc.get_threshold() == (700, 10, 10)
+    young.remove()  # nothing left to restore: harmless
+    assert gc.get_threshold() == (700, 10, 10)
+
+
+def test_a_young_threshold_of_zero_leaves_the_collector_alone(
+        saved_threshold: tuple[int, ...]) -> None:
+    gc.set_threshold(1_234, 5, 6)
+    young = YoungThreshold(0)
+    young.install()
+    assert gc.get_threshold() == (1_234, 5, 6)
+    young.remove()
+    assert gc.get_threshold() == (1_234, 5, 6)
