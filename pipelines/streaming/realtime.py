@@ -132,6 +132,20 @@ has caught up or stops). A synchronous commit took about 7 ms of the feed's loop
 machine: at 50 flushes a second, a third of its time waiting, and 50 offset writes a second
 for the broker. A replay after a crash is at most this much longer, and harmless: tiles are
 full values."""
+MAX_FLUSH_ROWS = 30_000
+"""The most tile rows one flush takes (one Kafka poll). Caught up, a flush holds the
+``MIN_CYCLE_S`` the query sent; behind (after an epoch boundary, a start, a pause) it
+takes up to this many, and the larger the flush, the more rows of one tile it merges
+before writing (update mode sends a full tile per event) and the more entities it
+finalizes once for many rows. Draining 45,762 live-like tile rows (from micro-batches of
+100 events), alternating: 10,000 rows and kafka-python's 1 MiB fetch, 10.9-11.6k rows/s;
+10,000 rows and ``FETCH_PARTITION_BYTES``, 15.8-16.7k; 30,000 rows and that fetch,
+17.6-18.0k (``benchmarks/tile_feed.py``'s rows: 7.3-8.4k, 10.5-11.1k, 12.5-14.1k). A
+flush of 30,000 rows takes about 2 s: it only comes when the feed is that far behind."""
+FETCH_PARTITION_BYTES = 8 * 1024 * 1024
+"""The feed's consumer fetches up to this much per partition (kafka-python's 1 MiB default
+is about 2,200 tile rows: a poll then held a few thousand rows however far behind the
+feed was, so ``MAX_FLUSH_ROWS`` was never reached)."""
 REPORT_SECONDS = 5.0
 """How often the feed writes its freshness figures to the progress hash."""
 MIN_CYCLE_S = 0.02
@@ -597,7 +611,8 @@ class TileFeed:
 
         from pipelines.connections import kafka_consumer
 
-        consumer = kafka_consumer(self.settings, group_id=f"{QUERY_NAME}-feed")
+        consumer = kafka_consumer(self.settings, group_id=f"{QUERY_NAME}-feed",
+                                  max_partition_fetch_bytes=FETCH_PARTITION_BYTES)
         outage_since: float | None = None
         heap = HeapFreezer(self.settings.stream_realtime_gc_freeze_seconds)
         young = YoungThreshold(self.settings.stream_realtime_gc_young_threshold)
@@ -624,7 +639,7 @@ class TileFeed:
             while True:
                 try:
                     cycle = time.monotonic()
-                    polled = consumer.poll(timeout_ms=POLL_MS, max_records=10_000)
+                    polled = consumer.poll(timeout_ms=POLL_MS, max_records=MAX_FLUSH_ROWS)
                     records = [r for part in polled.values() for r in part]
                     if records:
                         self._idle.clear()
