@@ -186,11 +186,12 @@ class Settings(BaseSettings):
     collection out of the cyclic collector's reach (``gc.freeze``), so its full collections
     no longer walk the cached tiles with the GIL held (1-1.6 s pauses at 1,000 events/s
     before; ``pipelines.streaming.heap``). 0: never (CPython's default behaviour)."""
-    stream_realtime_gc_young_threshold: int = Field(default=50_000, ge=0)
+    stream_realtime_gc_young_threshold: int = Field(default=20_000, ge=0)
     """Real-time Mode: CPython's young-generation collection threshold while the tile feed
     runs (``gc.set_threshold``; CPython's default is 700). The feed decodes a dozen
-    objects per tile row, so at 700 the cyclic collector took a quarter of a drain's time
-    (``pipelines.streaming.heap.YoungThreshold``). 0: leave CPython's threshold alone."""
+    objects per tile row, so at 700 the cyclic collector took a third of a drain's time,
+    in full collections of up to 0.4 s (``pipelines.streaming.heap.YoungThreshold``).
+    0: leave CPython's threshold alone."""
     stream_check_key: bool = True
     """The contract's key rule: a record's Kafka key must be present and equal its
     ``user_id``, else it is quarantined (``missing_key`` / ``key_mismatch``). Off: the key

@@ -685,6 +685,20 @@ def _first_distinct(lists: Iterable[list[str]], n: int) -> list[str]:
     return out
 
 
+def _affinity(held: Mapping[str, list[Any]]) -> tuple[list[str], list[float]]:
+    """Categories by weight, heaviest first, ties by category (as :func:`finalize_user`),
+    and their weights, from :class:`_User`'s ``weights``.
+
+    Two sorts in C instead of one keyed by a Python function: by category, then by
+    weight, descending and stable, so equal weights keep the categories' order. A user
+    active all day holds dozens of categories and is ranked again at every touch: the
+    keyed sort was 12 % of the Real-time feed's time at 2,000 events/s (py-spy)."""
+    ids = sorted(held)
+    weights = [float(held[c][0]) for c in ids]
+    order = sorted(range(len(ids)), key=weights.__getitem__, reverse=True)
+    return [ids[i] for i in order], [weights[i] for i in order]
+
+
 def _exact(value: float) -> int | Fraction:
     """A double as an exact number: an ``int`` when it is whole (the activity weights, most
     prices in cents are not), else a ``Fraction``; sums of these never drift."""
@@ -846,11 +860,10 @@ class RunningUsers:
             starts = [s for s in starts if floor < s <= current]
         last = int(state.tiles[starts[0]]["last_event_us"]) if starts else None
         row["last_event_time"] = from_us(last - last % 1_000_000) if last is not None else None
-        affinity = sorted(((c, float(v)) for c, (v, _) in state.weights.items()),
-                          key=lambda kv: (-kv[1], kv[0]))
-        row["top_category"] = affinity[0][0] if affinity else None
-        row["category_affinity_ids"] = [c for c, _ in affinity]
-        row["category_affinity_weights"] = [w for _, w in affinity]
+        ids, weights = _affinity(state.weights)
+        row["top_category"] = ids[0] if ids else None
+        row["category_affinity_ids"] = ids
+        row["category_affinity_weights"] = weights
         row["last_viewed_items"] = _first_distinct(
             (self._ranked(state, s)[0] for s in starts), last_items_n)
         row["last_purchased_items"] = _first_distinct(
