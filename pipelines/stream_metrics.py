@@ -532,10 +532,10 @@ class MetricsRecorder:
         self._hset({"job_state": state, "job_state_since": datetime.now(UTC).isoformat()})
 
     def heartbeat(self, caught_up: Callable[[], bool | None] | None = None) -> None:
-        """Stamp ``job_heartbeat`` (and ``job_caught_up``: no input waiting) at most every
-        :data:`HEARTBEAT_SECONDS`; called from the job's wait loop, so it stops when the
-        process does (:func:`stream_health`). ``caught_up`` is asked only when due (see
-        :func:`caught_up_of`); ``None`` when the job cannot tell."""
+        """Stamp ``job_heartbeat`` (and ``job_caught_up``: the last batch read all the input
+        there was) at most every :data:`HEARTBEAT_SECONDS`; called from the job's wait loop,
+        so it stops when the process does (:func:`stream_health`). ``caught_up`` is asked
+        only when due (see :func:`caught_up_of`); ``None`` when the job cannot tell."""
         now = time.monotonic()
         if now - self._last_beat < HEARTBEAT_SECONDS:
             return
