@@ -192,6 +192,14 @@ class Settings(BaseSettings):
     objects per tile row, so at 700 the cyclic collector took a third of a drain's time,
     in full collections of up to 0.4 s (``pipelines.streaming.heap.YoungThreshold``).
     0: leave CPython's threshold alone."""
+    stream_realtime_tiles_linger_ms: int = Field(default=5, ge=0)
+    """Real-time Mode: how long the query's Kafka sink lets a batch of tiles fill before
+    sending it (the producer's ``linger.ms``; its ``batch.size`` still sends a full batch
+    at once). At 0 each tile went to the broker in a request of its own as soon as it
+    came out: at 2,000 events/s (about 9,000 tiles/s) the broker took 20-21 % of a core
+    and the query's JVM 41-45 %; at 5 ms, 8 % and 35 %, and the feed's lag stayed at
+    0.1 s (2 cores, 60 s windows after 100 s; 20 ms was no cheaper). It adds at most
+    this much to a tile's way to Redis."""
     stream_check_key: bool = True
     """The contract's key rule: a record's Kafka key must be present and equal its
     ``user_id``, else it is quarantined (``missing_key`` / ``key_mismatch``). Off: the key

@@ -57,3 +57,19 @@ def test_driver_java_options_come_after_the_projects_own(monkeypatch: pytest.Mon
     assert options[2:] == ["-XX:TieredStopAtLevel=1", "-Xss4m"]
     monkeypatch.delenv("SHOPSTREAM_SPARK_DRIVER_JAVA_OPTIONS")
     assert len(driver_java_options(Settings(_env_file=None)).split(" ")) == 2
+
+
+def test_the_real_time_tile_sink_lingers_as_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Real-time query's producer batches its tiles for the linger the operator sets
+    (5 ms by default), on the tile topic, with the connection's own options."""
+    from pipelines.streaming.realtime import tile_sink_options
+
+    s = Settings(_env_file=None, kafka_topic_rt_tiles="t.tiles")
+    options = tile_sink_options(s)
+    assert options["kafka.linger.ms"] == "5" and options["topic"] == "t.tiles"
+    assert options["kafka.bootstrap.servers"] == s.spark_kafka_options()["kafka.bootstrap.servers"]
+    monkeypatch.setenv("SHOPSTREAM_STREAM_REALTIME_TILES_LINGER_MS", "0")
+    assert tile_sink_options(Settings(_env_file=None))["kafka.linger.ms"] == "0"
+    monkeypatch.setenv("SHOPSTREAM_STREAM_REALTIME_TILES_LINGER_MS", "-1")
+    with pytest.raises(ValidationError, match="stream_realtime_tiles_linger_ms"):
+        Settings(_env_file=None)
