@@ -196,7 +196,7 @@ class Settings(BaseSettings):
     """Real-time Mode: how long the query's Kafka sink lets a batch of tiles fill before
     sending it (the producer's ``linger.ms``; its ``batch.size`` still sends a full batch
     at once). At 0 each tile went to the broker in a request of its own as soon as it
-    came out: at 2,000 events/s (about 9,000 tiles/s) the broker took 20-21 % of a core
+    came out: at 2,000 events/s (4,000-5,000 tiles/s) the broker took 20-21 % of a core
     and the query's JVM 41-45 %; at 5 ms, 8 % and 35 %, and the feed's lag stayed at
     0.1 s (2 cores, 60 s windows after 100 s; 20 ms was no cheaper). It adds at most
     this much to a tile's way to Redis."""
