@@ -7,6 +7,7 @@ locally the default is ``local[2]`` with few shuffle partitions, sized for a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib.resources import files
@@ -17,8 +18,8 @@ from pipelines.settings import Settings
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["spark_session", "inheriting", "detached", "scheduler_pool", "quiet_loggers", "STREAM_POOL",
-           "BACKGROUND_POOL"]
+__all__ = ["spark_session", "driver_java_options", "gc_option", "inheriting", "detached",
+           "scheduler_pool", "quiet_loggers", "STREAM_POOL", "BACKGROUND_POOL"]
 
 STREAM_POOL = "stream"
 """Fair-scheduler pool of the streaming queries: first claim on every free task slot."""
@@ -27,18 +28,44 @@ BACKGROUND_POOL = "background"
 _POOL_PROPERTY = "spark.scheduler.pool"
 
 
-def driver_java_options(settings: Settings) -> str:
+_COLLECTOR_FLAG = re.compile(r"-XX:\+Use\w+GC\b")
+"""A HotSpot flag choosing a collector: two of them are an error, so an operator's wins."""
+_COLLECTORS = {"parallel": "-XX:+UseParallelGC", "g1": "-XX:+UseG1GC"}
+
+
+def gc_option(settings: Settings, *, latency: bool = False) -> str:
+    """The collector flag the project gives Spark's JVMs (``""``: the operator named one).
+
+    ``latency``: the JVM is the Real-time query's driver, where a pause holds tiles that
+    are due within a second; everything else runs for throughput (``Settings.spark_gc``).
+    """
+    if _COLLECTOR_FLAG.search(settings.spark_driver_java_options):
+        return ""
+    choice = settings.spark_gc
+    if choice == "auto":
+        choice = "g1" if latency else "parallel"
+    return _COLLECTORS[choice]
+
+
+def driver_java_options(settings: Settings, *, latency: bool = False) -> str:
     """The driver JVM's options: the project's (Derby's home under the data dir, the quiet
-    log4j2 config), then ``spark_driver_java_options`` (later flags win in HotSpot)."""
+    log4j2 config, the collector of :func:`gc_option`), then ``spark_driver_java_options``
+    (later flags win in HotSpot)."""
     return " ".join(filter(None, (
         "-Dderby.system.home=" + settings.data_path("derby"),
         "-Dlog4j2.configurationFile=" + str(files("pipelines").joinpath("spark-log4j2.properties")),
+        gc_option(settings, latency=latency),
         settings.spark_driver_java_options.strip(),
     )))
 
 
-def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bool = True) -> SparkSession:
-    """Get or create the session; ``kafka`` adds Spark's Kafka connector jars."""
+def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bool = True,
+                  latency: bool = False) -> SparkSession:
+    """Get or create the session; ``kafka`` adds Spark's Kafka connector jars.
+
+    ``latency``: the session runs the Real-time query (its JVMs get a collector with short
+    pauses, :func:`gc_option`). JVM options only take effect when this creates the JVM.
+    """
     import sys
 
     from pyspark.sql import SparkSession
@@ -73,8 +100,11 @@ def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bo
         # Real-time Mode turns it on by itself, and an existing checkpoint can switch)
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         .config("spark.sql.warehouse.dir", settings.data_path("spark-warehouse"))
-        .config("spark.driver.extraJavaOptions", driver_java_options(settings))
+        .config("spark.driver.extraJavaOptions", driver_java_options(settings, latency=latency))
     )
+    collector = gc_option(settings, latency=latency)
+    if collector:  # a cluster's executors do the heavy work: the same collector there
+        builder = builder.config("spark.executor.extraJavaOptions", collector)
     if kafka:
         from pipelines.infra.jars import spark_kafka_jars
 

@@ -520,7 +520,7 @@ class BatchProcessor:
 
 
 # ------------------------------------------------------------------- run
-def _spark_for(settings: Settings) -> SparkSession:
+def _spark_for(settings: Settings, *, latency: bool = False) -> SparkSession:
     import os
     import sys
 
@@ -532,7 +532,7 @@ def _spark_for(settings: Settings) -> SparkSession:
     # workers forked from a daemon that has the online writer imported already
     os.environ.setdefault("PYSPARK_SUBMIT_ARGS",
                           f"--conf spark.python.daemon.module={DAEMON_MODULE} pyspark-shell")
-    spark = spark_session(settings, app_name="shopstream-stream")
+    spark = spark_session(settings, app_name="shopstream-stream", latency=latency)
     if not spark.sparkContext.master.startswith("local"):
         ship_code(spark)
     return spark
@@ -648,7 +648,7 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
         Per-batch figures and totals of this run.
     """
     options = options or StreamOptions()
-    spark = spark or _spark_for(settings)
+    spark = spark or _spark_for(settings, latency=settings.stream_mode == "realtime" and options.online)
     recorder = MetricsRecorder(settings)
     listener = ProgressListener(recorder)
     spark.streams.addListener(listener)

@@ -1,4 +1,4 @@
-"""The driver's scheduler pools: the stream has first claim on free task slots."""
+"""The driver's scheduler pools (the stream has first claim on free task slots) and its JVM."""
 
 from __future__ import annotations
 
@@ -65,3 +65,11 @@ def test_the_pools_are_configured_as_documented(spark: Any) -> None:
     background = jsc.getPoolForName(BACKGROUND_POOL).get()
     assert stream.minShare() > 10_000 and stream.weight() > background.weight()
     assert background.minShare() == 0
+
+
+def test_the_session_jvm_runs_the_throughput_collector(spark: Any) -> None:
+    """The project's collector flag reaches the JVM it starts: a throughput session (the
+    tests', like the micro-batch stream's) collects with Parallel, not HotSpot's default G1."""
+    beans = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
+    names = {beans.get(i).getName() for i in range(beans.size())}
+    assert names == {"PS Scavenge", "PS MarkSweep"}, names

@@ -54,9 +54,34 @@ def test_driver_java_options_come_after_the_projects_own(monkeypatch: pytest.Mon
     options = driver_java_options(Settings(_env_file=None, data_dir="/srv/shop")).split(" ")
     assert options[0] == "-Dderby.system.home=/srv/shop/derby"
     assert options[1].startswith("-Dlog4j2.configurationFile=")
-    assert options[2:] == ["-XX:TieredStopAtLevel=1", "-Xss4m"]
+    assert options[2:] == ["-XX:+UseParallelGC", "-XX:TieredStopAtLevel=1", "-Xss4m"]
     monkeypatch.delenv("SHOPSTREAM_SPARK_DRIVER_JAVA_OPTIONS")
-    assert len(driver_java_options(Settings(_env_file=None)).split(" ")) == 2
+    assert len(driver_java_options(Settings(_env_file=None)).split(" ")) == 3
+
+
+def test_the_collector_suits_the_job_and_yields_to_the_operators(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Throughput jobs get the Parallel collector, the Real-time query's driver G1 (short
+    pauses); the setting picks one for all, and a collector among the operator's own JVM
+    flags is the only one (HotSpot refuses to start with two)."""
+    from pipelines.spark import driver_java_options, gc_option
+
+    s = Settings(_env_file=None)
+    assert gc_option(s) == "-XX:+UseParallelGC"
+    assert gc_option(s, latency=True) == "-XX:+UseG1GC"
+    assert "-XX:+UseG1GC" in driver_java_options(s, latency=True).split(" ")
+    monkeypatch.setenv("SHOPSTREAM_SPARK_GC", "g1")
+    assert gc_option(Settings(_env_file=None)) == "-XX:+UseG1GC"
+    monkeypatch.setenv("SHOPSTREAM_SPARK_GC", "parallel")
+    assert gc_option(Settings(_env_file=None), latency=True) == "-XX:+UseParallelGC"
+    monkeypatch.setenv("SHOPSTREAM_SPARK_DRIVER_JAVA_OPTIONS", "-Xss4m -XX:+UseZGC")
+    own = Settings(_env_file=None)
+    assert gc_option(own) == "" and gc_option(own, latency=True) == ""
+    flags = driver_java_options(own).split(" ")
+    assert [f for f in flags if f.endswith("GC")] == ["-XX:+UseZGC"]
+    monkeypatch.setenv("SHOPSTREAM_SPARK_GC", "serial")
+    with pytest.raises(ValueError, match="spark_gc"):
+        Settings(_env_file=None)
 
 
 def test_the_real_time_tile_sink_lingers_as_set(monkeypatch: pytest.MonkeyPatch) -> None:
