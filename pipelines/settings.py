@@ -113,8 +113,8 @@ class Settings(BaseSettings):
     ``auto``: Parallel for throughput work (the micro-batch stream, the Real-time job's
     Parquet sinks' process, backfill, verify), G1 for the Real-time query's driver, whose
     tiles are due within a second. With Parallel the micro-batch stream drained a 400k
-    backlog 14-17 % faster than with G1, the JVM's default (docs/streaming-performance.md);
-    its pauses there were at most 0.25 s. A collector named in
+    backlog 8-17 % faster than with G1, the JVM's default, in alternating runs
+    (docs/streaming-performance.md); its pauses there were at most 0.25 s. A collector named in
     ``spark_driver_java_options`` wins: the project then adds none."""
     spark_codegen_huge_method_limit: int = Field(default=8_000, ge=1, le=65_535)
     """``spark.sql.codegen.hugeMethodLimit``: a whole-stage-generated method longer than
