@@ -622,6 +622,22 @@ def _sinks_process(log_path: Path, timeout_s: float = 60.0) -> int | None:
     return None
 
 
+def _jvm_of(pid: int, timeout_s: float = 60.0) -> str:
+    """The command line of the JVM a Python process started (its Spark driver), once it runs."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except (OSError, ValueError):
+                continue
+            if int(stat[stat.rindex(")") + 2:].split()[1]) == pid and "java" in cmdline:
+                return cmdline
+        time.sleep(0.5)
+    raise AssertionError(f"process {pid} started no JVM within {timeout_s:.0f} s")
+
+
 def _autogroup(pid: int) -> str | None:
     """The kernel's scheduling autogroup of a process, or None where there is none to read."""
     try:
@@ -685,6 +701,10 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
             sinks = _sinks_process(log_path)
             assert sinks is not None, log_path.read_text()[-3000:]
             assert _nice_of(sinks) == settings.stream_realtime_offline_nice > 0
+            # the Real-time query's driver collects with G1 (short pauses), the sinks' with
+            # Parallel (throughput; Settings.spark_gc)
+            assert "-XX:+UseG1GC" in _jvm_of(job.pid).split()
+            assert "-XX:+UseParallelGC" in _jvm_of(sinks).split()
             # ...which counts only within the driver's session (the kernel's autogroups)
             assert os.getsid(sinks) == os.getsid(job.pid)
             assert os.getpgid(sinks) != os.getpgid(job.pid), "a Ctrl-C would reach it"
