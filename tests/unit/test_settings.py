@@ -54,9 +54,31 @@ def test_driver_java_options_come_after_the_projects_own(monkeypatch: pytest.Mon
     options = driver_java_options(Settings(_env_file=None, data_dir="/srv/shop")).split(" ")
     assert options[0] == "-Dderby.system.home=/srv/shop/derby"
     assert options[1].startswith("-Dlog4j2.configurationFile=")
-    assert options[2:] == ["-XX:+UseParallelGC", "-XX:TieredStopAtLevel=1", "-Xss4m"]
+    assert options[2:] == ["-XX:+UseParallelGC", "-XX:-DontCompileHugeMethods",
+                           "-XX:TieredStopAtLevel=1", "-Xss4m"]
     monkeypatch.delenv("SHOPSTREAM_SPARK_DRIVER_JAVA_OPTIONS")
-    assert len(driver_java_options(Settings(_env_file=None)).split(" ")) == 3
+    assert len(driver_java_options(Settings(_env_file=None)).split(" ")) == 4
+
+
+def test_huge_generated_methods_are_compiled_unless_spark_splits_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spark may generate methods over HotSpot's 8,000-byte limit (its default limit is
+    65,535): then the JVMs compile them. At 8,000 Spark splits them itself and HotSpot
+    keeps its default; an operator's own choice of the flag is the only one."""
+    from pipelines.spark import driver_java_options, jit_option
+
+    assert jit_option(Settings(_env_file=None)) == "-XX:-DontCompileHugeMethods"
+    monkeypatch.setenv("SHOPSTREAM_SPARK_CODEGEN_HUGE_METHOD_LIMIT", "8000")
+    assert jit_option(Settings(_env_file=None)) == ""
+    monkeypatch.delenv("SHOPSTREAM_SPARK_CODEGEN_HUGE_METHOD_LIMIT")
+    monkeypatch.setenv("SHOPSTREAM_SPARK_DRIVER_JAVA_OPTIONS", "-XX:+DontCompileHugeMethods")
+    own = Settings(_env_file=None)
+    assert jit_option(own) == ""
+    assert [f for f in driver_java_options(own).split(" ") if "HugeMethods" in f] == [
+        "-XX:+DontCompileHugeMethods"]
+    monkeypatch.setenv("SHOPSTREAM_SPARK_CODEGEN_HUGE_METHOD_LIMIT", "70000")
+    with pytest.raises(ValueError, match="spark_codegen_huge_method_limit"):
+        Settings(_env_file=None)
 
 
 def test_the_collector_suits_the_job_and_yields_to_the_operators(
