@@ -176,10 +176,18 @@ def with_verdict(raw: DataFrame, now: Column | datetime | None = None, check_key
     time: 64 ms against 40 before, where the flags take 47.
 
     The rows between them carry no sub-variant and, after the fields are read, no
-    document: when the stage runs operator by operator (it does under
-    ``spark.sql.codegen.hugeMethodLimit``, :mod:`pipelines.spark`), each projection
-    copies every column it passes on. Nine projections carrying eleven sub-variants
-    cost about a fifth more CPU than these five.
+    document: when the stage runs operator by operator (it does with
+    ``spark.sql.codegen.hugeMethodLimit`` at 8,000, :mod:`pipelines.spark`), each
+    projection copies every column it passes on. Nine projections carrying eleven
+    sub-variants cost about a fifth more CPU than these five. By default the stage runs
+    as one whole-stage method (about 13,000 bytes, which the project's JVMs compile),
+    with no copies between the projections.
+
+    What is left is mostly Spark's own: each ``try_variant_get`` of a field to a string
+    or a number builds a ``Literal`` and a ``Cast`` expression for that one value, and
+    reads a fresh ``SQLConf`` on the executor to do it (37 % of the samples in a JFR
+    profile of the validation alone).
+    A field's text from ``to_json`` or a second parse with ``from_json`` cost as much.
 
     Parameters
     ----------
