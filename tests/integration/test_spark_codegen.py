@@ -126,9 +126,10 @@ def test_no_whole_stage_method_of_the_validation_runs_interpreted(spark: Any) ->
     stages = checked._jdf.queryExecution().debug().codegenToSeq()
     sizes = [int(stages.apply(i)._3().maxMethodCodeSize()) for i in range(stages.length())]
     assert sizes, "the validation generated no whole-stage code"
+    compiled = _hotspot_compiles_huge_methods(spark)
     huge = [s for s in sizes if HOTSPOT_HUGE_METHOD < s <= limit]
-    assert not huge or _hotspot_compiles_huge_methods(spark), (
+    assert not huge or compiled, (
         f"whole-stage methods of {huge} bytes run as generated, uncompiled by HotSpot "
         f"(limit {limit})")
     # with the project's defaults the stage is one whole-stage method, compiled
-    assert max(sizes) <= limit and _hotspot_compiles_huge_methods(spark)
+    assert max(sizes) <= limit and compiled
