@@ -126,6 +126,17 @@ class BatchMetrics:
     offline_s: float | None = None
     """Where the batch's time went (:class:`BatchStats`): which part to look at when a
     batch takes longer than the trigger."""
+    state_update_s: float | None = None
+    """Task time of the dedup's rows (Spark's ``allUpdatesTimeMs``, summed over its tasks):
+    from its first row to its last, so it covers the shuffle read, each id's lookup and
+    store, and what the stage does with a row after (the batch's in-memory copy)."""
+    state_evict_s: float | None = None
+    """Task time the dedup spent on its eviction pass (``allRemovalsTimeMs``). Spark's
+    ``dropDuplicatesWithinWatermark`` reads every state row every batch to find the
+    expired ones, so this grows with :attr:`state_rows`, not with the batch: the figure
+    that says when ``stream_dedup_retention_seconds`` costs more than it should."""
+    state_rows_removed: int = 0
+    """Ids expired from the dedup state by this batch."""
 
     def as_fields(self) -> dict[str, str]:
         return {k: "" if v is None else str(v) for k, v in asdict(self).items()}
@@ -209,7 +220,7 @@ def format_batch_line(m: BatchMetrics) -> str:
     return (f"batch {m.batch_id}: {m.input_rows} rows in {m.batch_duration_ms / 1000:.2f}s "
             f"({m.processed_rows_per_second:,.0f} rows/s), {m.on_time} on time, "
             f"{m.quarantined} quarantined ({m.late} late), {m.duplicates_dropped} duplicates, "
-            f"{fresh}, clock {m.clock or '-'}{_phases(m)}")
+            f"{fresh}, clock {m.clock or '-'}{_phases(m)}{_state(m)}")
 
 
 def format_epoch_line(progress: Mapping[str, Any]) -> str:
@@ -230,6 +241,22 @@ def format_epoch_line(progress: Mapping[str, Any]) -> str:
             f"rows in {epoch_ms / 1000:.1f}s (running {running_ms / 1000:.1f}s"
             + (f"; {phases}" if phases else "")
             + (f"; state commits {commits}" if commits else "") + ")")
+
+
+def _task_seconds(operators: list[dict[str, Any]], key: str) -> float | None:
+    """A timing of the state operators, summed over them, in seconds (``None``: not reported)."""
+    values = [int(op[key]) for op in operators if op.get(key) is not None]
+    return sum(values) / 1000 if values else None
+
+
+def _state(m: BatchMetrics) -> str:
+    """``; dedup state 1,198,614 rows (update 1.28s, evict 0.34s of task time)``."""
+    if not m.state_rows and m.state_evict_s is None:
+        return ""
+    parts = [f"{name} {value:.2f}s" for name, value in
+             (("update", m.state_update_s), ("evict", m.state_evict_s)) if value is not None]
+    timing = f" ({', '.join(parts)} of task time)" if parts else ""
+    return f"; dedup state {m.state_rows:,} rows{timing}"
 
 
 def _phases(m: BatchMetrics) -> str:
@@ -275,6 +302,14 @@ def prometheus_text(m: BatchMetrics, totals: Totals, heartbeat: datetime | None 
                "Parts of the latest batch: read (Kafka, validation, dedup), online (Redis), "
                "offline (Parquet, beside online).", phases)
     metric("state_rows", "gauge", "Rows in the dedup state store.", [("", m.state_rows)])
+    state = [(f'{{part="{name}"}}', v) for name, v in
+             (("update", m.state_update_s), ("evict", m.state_evict_s)) if v is not None]
+    if state:
+        metric("state_task_seconds", "gauge",
+               "Task time of the latest batch's dedup: update (its rows, with the stage's "
+               "shuffle read and in-memory copy), evict (a pass over every state row).", state)
+    metric("state_rows_removed", "gauge", "Ids the latest batch expired from the dedup state.",
+           [("", m.state_rows_removed)])
     for name, value, help_ in (
         ("batches_total", totals.batches, "Micro-batches completed by this run."),
         ("input_rows_total", totals.input_rows, "Rows read by this run."),
@@ -477,7 +512,8 @@ class MetricsRecorder:
             stats = self._stats.get(batch_id)
         if stats is None:
             return None  # a no-data batch that foreachBatch never saw, or another query
-        state_rows = sum(int(op.get("numRowsTotal", 0)) for op in progress.get("stateOperators", []))
+        operators = progress.get("stateOperators") or []
+        state_rows = sum(int(op.get("numRowsTotal", 0)) for op in operators)
         input_rows = int(progress.get("numInputRows", stats.rows))
         # the source's rows minus those that reached foreachBatch: what the dedup dropped
         duplicates = max(input_rows - stats.rows, 0)
@@ -504,6 +540,9 @@ class MetricsRecorder:
             read_s=stats.read_seconds,
             online_s=stats.online_seconds,
             offline_s=stats.offline_seconds,
+            state_update_s=_task_seconds(operators, "allUpdatesTimeMs"),
+            state_evict_s=_task_seconds(operators, "allRemovalsTimeMs"),
+            state_rows_removed=sum(int(op.get("numRowsRemoved") or 0) for op in operators),
         )
         with self._lock:
             self.history.append(metrics)

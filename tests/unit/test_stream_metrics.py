@@ -51,7 +51,8 @@ def _stats(batch_id: int = 7, *, rows: int = 95, freshness: Any = (0.4, 0.9, 1.2
 def _progress(batch_id: int = 7, input_rows: int = 100) -> dict[str, Any]:
     return {"batchId": batch_id, "name": "shopstream-events", "numInputRows": input_rows,
             "inputRowsPerSecond": 50.0, "processedRowsPerSecond": 80.0, "batchDuration": 1250,
-            "stateOperators": [{"numRowsTotal": 4321}]}
+            "stateOperators": [{"numRowsTotal": 4321, "allUpdatesTimeMs": 1280,
+                                "allRemovalsTimeMs": 340, "numRowsRemoved": 17}]}
 
 
 def test_record_joins_batch_stats_with_spark_progress(settings: Settings) -> None:
@@ -64,7 +65,23 @@ def test_record_joins_batch_stats_with_spark_progress(settings: Settings) -> Non
     assert (metrics.freshness_p50_s, metrics.freshness_p99_s, metrics.freshness_max_s) == (0.4, 0.9, 1.2)
     assert metrics.clock == "2024-06-01T12:00:00+00:00"
     assert metrics.state_rows == 4321
+    assert (metrics.state_update_s, metrics.state_evict_s, metrics.state_rows_removed) == (
+        1.28, 0.34, 17)
     assert recorder.totals.late == 3 and recorder.totals.batches == 1
+
+
+def test_a_batch_without_state_timings_reports_none_not_zero(settings: Settings) -> None:
+    """Spark leaves the dedup's timings out when it has none to give (a query without a
+    stateful operator): the figures say unknown, and the line and the textfile leave them out."""
+    recorder = MetricsRecorder(settings, _client=DownRedis())
+    recorder.record_batch(_stats())
+    progress = _progress()
+    progress["stateOperators"] = []
+    metrics = recorder.on_progress(progress)
+    assert metrics is not None
+    assert (metrics.state_rows, metrics.state_update_s, metrics.state_evict_s) == (0, None, None)
+    assert "dedup state" not in format_batch_line(metrics)
+    assert "state_task_seconds" not in prometheus_text(metrics, recorder.totals)
 
 
 def test_progress_without_batch_stats_is_ignored(settings: Settings) -> None:
@@ -80,7 +97,8 @@ def test_one_info_line_per_batch_says_what_happened(settings: Settings) -> None:
     assert line.startswith("batch 7: 100 rows in 1.25s")
     for part in ("87 on time", "8 quarantined (3 late)", "5 duplicates",
                  "freshness p50 0.40s p99 0.90s max 1.20s", "clock 2024-06-01T12:00:00",
-                 "; read+validate 0.45s, online 0.30s, Parquet 0.20s"):
+                 "; read+validate 0.45s, online 0.30s, Parquet 0.20s",
+                 "; dedup state 4,321 rows (update 1.28s, evict 0.34s of task time)"):
         assert part in line
 
 
@@ -114,7 +132,7 @@ def test_batch_line_names_only_the_parts_that_ran(settings: Settings) -> None:
     metrics = recorder.on_progress(_progress())
     assert metrics is not None
     line = format_batch_line(metrics)
-    assert line.endswith("; read+validate 0.45s, Parquet 0.20s")
+    assert "; read+validate 0.45s, Parquet 0.20s; dedup state" in line
     text = prometheus_text(metrics, recorder.totals)
     phases = {s.labels["phase"]: s.value for family in text_string_to_metric_families(text)
               for s in family.samples if s.name == "shopstream_stream_batch_phase_seconds"}
@@ -134,6 +152,9 @@ def test_prometheus_textfile_parses_and_carries_totals(settings: Settings) -> No
     assert samples[("shopstream_stream_freshness_seconds", (("quantile", "0.99"),))] == 0.9
     assert samples[("shopstream_stream_batch_duration_seconds", ())] == 1.25
     assert samples[("shopstream_stream_batch_phase_seconds", (("phase", "online"),))] == 0.3
+    assert samples[("shopstream_stream_state_task_seconds", (("part", "evict"),))] == 0.34
+    assert samples[("shopstream_stream_state_task_seconds", (("part", "update"),))] == 1.28
+    assert samples[("shopstream_stream_state_rows_removed", ())] == 17
 
 
 def test_files_are_written_when_redis_is_down_and_status_reads_them(settings: Settings) -> None:
