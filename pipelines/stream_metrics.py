@@ -74,6 +74,14 @@ HEARTBEAT_SECONDS = 5.0
 """How often a running job stamps ``job_heartbeat`` (and ``job_caught_up``) in the
 progress hash. Batches alone cannot tell an idle job from a dead one: an idle stream
 publishes no batch, and a SIGKILLed one cannot say it stopped."""
+EVICTION_WARN_SHARE = 0.25
+"""Warn when the dedup's eviction pass takes more than this share of a batch's task time
+(its duration times the dedup's tasks), and at least :data:`EVICTION_WARN_MIN_SECONDS`:
+the pass reads every state row, so it is the part of a batch that grows with
+``rate x stream_dedup_retention_seconds`` and not with the batch."""
+EVICTION_WARN_MIN_SECONDS = 1.0
+EVICTION_WARN_EVERY_SECONDS = 600.0
+"""At most one such warning per this many seconds: the state does not shrink by itself."""
 HEARTBEAT_STALE_SECONDS = 30.0
 """A job whose state says ``running`` but whose heartbeat is older than this was killed
 (``kill -9``, the OOM killer, a lost machine) or hangs."""
@@ -492,6 +500,28 @@ class MetricsRecorder:
     _beat: tuple[datetime, bool | None] | None = None
     _files_lock: threading.Lock = field(default_factory=threading.Lock)
     """The listener's thread (batches) and the job's (heartbeats) write the same files."""
+    _last_eviction_warning: float = float("-inf")
+
+    def _warn_if_eviction_dominates(self, m: BatchMetrics, operators: list[dict[str, Any]]) -> None:
+        """One WARNING (per :data:`EVICTION_WARN_EVERY_SECONDS`) when the dedup's pass over
+        its state took :data:`EVICTION_WARN_SHARE` of the batch: the operator's cue to
+        shorten the retention or let batches grow, before batches fall behind the trigger."""
+        evict = m.state_evict_s
+        tasks = max((int(op.get("numShufflePartitions") or 0) for op in operators), default=0)
+        if evict is None or evict < EVICTION_WARN_MIN_SECONDS or not tasks or not m.batch_duration_ms:
+            return
+        share = evict / (m.batch_duration_ms / 1000 * tasks)
+        now = time.monotonic()
+        if share < EVICTION_WARN_SHARE or now - self._last_eviction_warning < EVICTION_WARN_EVERY_SECONDS:
+            return
+        self._last_eviction_warning = now
+        log.warning(
+            "batch %d: the dedup's eviction pass read all %s state rows in %.1fs of task time, "
+            "%.0f%% of the batch's: it grows with the input rate x "
+            "SHOPSTREAM_STREAM_DEDUP_RETENTION_SECONDS (%d s). A shorter retention, or larger "
+            "batches (SHOPSTREAM_STREAM_MAX_OFFSETS_PER_TRIGGER), make it a smaller part",
+            m.batch_id, f"{m.state_rows:,}", evict, 100 * share,
+            self.settings.stream_dedup_retention_seconds)
 
     def record_batch(self, stats: BatchStats) -> None:
         """Called by ``foreachBatch`` at the end of a batch."""
@@ -555,6 +585,7 @@ class MetricsRecorder:
             t.duplicates_dropped += metrics.duplicates_dropped
             t.on_time += metrics.on_time
         log.info(format_batch_line(metrics))
+        self._warn_if_eviction_dominates(metrics, operators)
         self.publish(metrics)
         return metrics
 

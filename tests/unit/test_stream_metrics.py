@@ -84,6 +84,37 @@ def test_a_batch_without_state_timings_reports_none_not_zero(settings: Settings)
     assert "state_task_seconds" not in prometheus_text(metrics, recorder.totals)
 
 
+def test_an_eviction_pass_that_dominates_batches_is_warned_about_once(
+        settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    """A pass over 18M state rows (5 s of task time in a 4 s batch on two tasks): one
+    WARNING naming the setting and the figures; the next such batch, minutes before the
+    next warning is due, stays at INFO; a pass that is a small share warns never."""
+    recorder = MetricsRecorder(settings, _client=DownRedis())
+    big = _progress(batch_id=1)
+    big["batchDuration"] = 4000
+    big["stateOperators"] = [{"numRowsTotal": 18_000_000, "allRemovalsTimeMs": 5000,
+                              "numShufflePartitions": 2}]
+    with caplog.at_level(logging.INFO, logger="pipelines.stream_metrics"):
+        for batch in (1, 2):
+            recorder.record_batch(_stats(batch))
+            recorder.on_progress({**big, "batchId": batch})
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and "eviction" in r.getMessage()]
+    assert warnings == [
+        "batch 1: the dedup's eviction pass read all 18,000,000 state rows in 5.0s of task "
+        "time, 62% of the batch's: it grows with the input rate x "
+        "SHOPSTREAM_STREAM_DEDUP_RETENTION_SECONDS (900 s). A shorter retention, or larger "
+        "batches (SHOPSTREAM_STREAM_MAX_OFFSETS_PER_TRIGGER), make it a smaller part"]
+
+    caplog.clear()
+    quiet = MetricsRecorder(settings, _client=DownRedis())
+    small = {**big, "batchId": 3, "batchDuration": 12000}  # 5 s of 24 s: under a quarter
+    with caplog.at_level(logging.INFO, logger="pipelines.stream_metrics"):
+        quiet.record_batch(_stats(3))
+        quiet.on_progress(small)
+    assert not [r for r in caplog.records if "eviction" in r.getMessage()]
+
+
 def test_progress_without_batch_stats_is_ignored(settings: Settings) -> None:
     recorder = MetricsRecorder(settings, _client=DownRedis())
     assert recorder.on_progress(_progress(batch_id=3)) is None
