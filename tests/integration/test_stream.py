@@ -334,6 +334,10 @@ def test_stream_writes_each_store_exactly(
     progress = {k.decode(): v.decode() for k, v in redis_client.hgetall(stream_progress_key()).items()}
     assert int(progress["total_late"]) == 3 and "freshness_p99_s" in progress
     assert any(m.freshness_p99_s is not None for m in recorder.history)
+    # no batch without input (spark.sql.streaming.noDataMicroBatches.enabled is off: such a
+    # batch would only scan the dedup state); each says what its dedup's pass cost
+    assert recorder.history and all(m.input_rows > 0 for m in recorder.history)
+    assert all(m.state_evict_s is not None and m.state_rows > 0 for m in recorder.history)
     # where each batch's time went: every batch read; one with events ran both stores
     worked = [m for m in recorder.history if m.on_time]
     assert worked and all(m.read_s is not None and m.read_s > 0 for m in recorder.history)
@@ -344,6 +348,7 @@ def test_stream_writes_each_store_exactly(
     exported = prom.read_text()
     assert "shopstream_stream_late_rows_total 3" in exported
     assert 'shopstream_stream_batch_phase_seconds{phase="read"}' in exported
+    assert 'shopstream_stream_state_task_seconds{part="evict"}' in exported
 
     # feature snapshots in the backfill's format (their values: check_stores)
     from pipelines.offline_store import snapshot_path
