@@ -156,11 +156,11 @@ class Settings(BaseSettings):
     checkpoint_dir: str | None = None
     """Default ``<data_dir>/checkpoints``; URI-capable."""
     stream_dedup_retention_seconds: int = Field(default=900, ge=1)
-    """How long (processing time) an event_id is surely remembered for deduplication.
-    Spark keeps it twice as long: an id expires at its batch's time plus this, and the
-    watermark that evicts it trails the newest batch by this too. So the state holds up to
-    rate x 2 x this ids, and Spark reads all of them every micro-batch (0.38 us of task
-    time each, docs/streaming-performance.md): bounded, but not free."""
+    """How long (processing time) an event_id is remembered for deduplication: a copy
+    read by a batch less than this after the first is dropped; the id is evicted in the
+    first batch after one at least this much younger. So the state holds about
+    rate x this ids, and Spark reads all of them every micro-batch (0.38 us of task time
+    each, docs/streaming-performance.md): bounded, but not free."""
     stream_mode: Literal["microbatch", "realtime"] = "microbatch"
     """``realtime``: the online path runs as a second query in Spark's Real-time Mode
     while the micro-batch query keeps feeding the Parquet sinks."""

@@ -74,6 +74,7 @@ __all__ = [
     "query_checkpoint",
     "read_kafka",
     "checked_records",
+    "dedup_watermark_delay",
     "late_threshold",
     "BatchProcessor",
     "start_stream",
@@ -169,8 +170,13 @@ def checked_records(raw: DataFrame, settings: Settings) -> DataFrame:
       a watermark on ``ingest_time``, the micro-batch's timestamp
       (``current_timestamp()``, kept in the offset log, so a replay sees the same):
       a batch's own timestamp is never behind the watermark, so no row is ever
-      dropped as late here, and a key expires ``stream_dedup_retention_seconds``
-      later;
+      dropped as late here. The watermark's delay is *half* the retention: Spark
+      stores an id with an expiry of its batch's time + the delay and evicts it once
+      the watermark (the newest batch's time - the delay) passes that, so an id is
+      remembered until a batch ``stream_dedup_retention_seconds`` younger has run,
+      and evicted in the batch after it. With the whole retention as the delay it
+      lived twice as long, and Spark's eviction pass, which reads every state row
+      in every batch, read twice as many;
     * ``ingest_time`` and its watermark come first, on the raw rows: the batch's
       timestamp is a literal in the generated code, and there it sits in a stage of
       its own, so the (large) validation projection after it has no per-batch literal
@@ -182,7 +188,7 @@ def checked_records(raw: DataFrame, settings: Settings) -> DataFrame:
     from pyspark.sql import functions as F
 
     stamped = (raw.select(*RAW_COLUMNS, F.current_timestamp().alias("ingest_time"))
-               .withWatermark("ingest_time", f"{settings.stream_dedup_retention_seconds} seconds"))
+               .withWatermark("ingest_time", dedup_watermark_delay(settings)))
     checked = with_verdict(stamped, now=F.col("timestamp"), check_key=settings.stream_check_key)
     coordinates = F.concat_ws("/", F.lit("k"), F.col("topic"), F.col("partition").cast("string"),
                               F.col("offset").cast("string"))
@@ -194,6 +200,15 @@ def checked_records(raw: DataFrame, settings: Settings) -> DataFrame:
         .repartition(partitions, _DEDUP_KEY)
         .dropDuplicatesWithinWatermark([_DEDUP_KEY])
     )
+
+
+def dedup_watermark_delay(settings: Settings) -> str:
+    """The ``withWatermark`` delay that makes the dedup remember an id for the retention.
+
+    Half of it, in milliseconds (an odd number of seconds halves exactly): see
+    :func:`checked_records`.
+    """
+    return f"{settings.stream_dedup_retention_seconds * 500} milliseconds"
 
 
 def _epoch_us(ts: datetime) -> int:

@@ -357,6 +357,52 @@ def test_stream_writes_each_store_exactly(
     assert {"user_id", "event_timestamp", "created", "views_1h"} <= set(snap.columns)
 
 
+def test_the_dedup_remembers_an_event_id_for_its_retention_and_not_twice_as_long(
+    make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any, spark: Any,
+    tmp_path: Path,
+) -> None:
+    """``SHOPSTREAM_STREAM_DEDUP_RETENTION_SECONDS`` is what a user tunes the state's size with
+    (Spark reads every id in every batch): a copy within it is dropped, and the id is
+    evicted in the batch after the first one a retention younger, as the setting says."""
+    from pipelines.offline_store import read_events
+    from pipelines.stream import StreamOptions, run_stream
+
+    retention = 20
+    topic = f"dedup.{tmp_path.name[-20:]}".replace("_", "-")
+    settings = stream_settings(make_settings, tmp_path, topic,
+                               stream_dedup_retention_seconds=retention)
+    create_topic(settings, topic)
+
+    def one_batch(*event_ids: str) -> tuple[Any, float]:
+        """Send ``event_ids`` now and stream them in one batch: its figures and the time
+        the run ended (the batch's timestamp, the dedup's clock, is before it)."""
+        stamp = datetime.now(UTC)
+        produce(settings, [Sent(b"u-dedup", _event(e, stamp, user="u-dedup"), _ms(stamp))
+                           for e in event_ids])
+        history = run_stream(settings, StreamOptions(stop="available_now"), spark=spark).history
+        assert [m.input_rows for m in history] == [len(event_ids)]
+        return history[0], time.time()
+
+    _, first_end = one_batch("e-1")
+    copy, copy_end = one_batch("e-1")
+    assert copy_end - first_end < retention - 5, "the machine was too slow for this test"
+    assert copy.duplicates_dropped == 1 and copy.state_rows == 1
+
+    # a batch a retention after the first moves the watermark; the one after it evicts
+    time.sleep(max(0.0, first_end + retention + 0.5 - time.time()))
+    moved, _ = one_batch("e-2")
+    assert moved.state_rows_removed == 0 and moved.state_rows == 2
+    evicting, _ = one_batch("e-3")
+    assert evicting.state_rows_removed == 1 and evicting.state_rows == 2
+
+    # forgotten: a copy now is a new event (with the whole retention as Spark's watermark
+    # delay it was remembered for another retention)
+    again, _ = one_batch("e-1")
+    assert again.duplicates_dropped == 0
+    stored = [r["event_id"] for r in read_events(spark, settings).select("event_id").collect()]
+    assert sorted(stored) == ["e-1", "e-1", "e-2", "e-3"]
+
+
 def _env(settings: Settings) -> dict[str, str]:
     """The child ``shopstream stream``'s environment: the test's settings, this interpreter."""
     return {**settings.child_env(), "PYSPARK_PYTHON": sys.executable}
