@@ -600,7 +600,8 @@ def main(argv: list[str] | None = None) -> BenchResult:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small backlog, few probes")
-    parser.add_argument("--events", type=int, default=None, help="backlog size")
+    parser.add_argument("--events", type=int, default=None,
+                        help="backlog size (default: three batches at the job's cap, SHOPSTREAM_STREAM_MAX_OFFSETS_PER_TRIGGER)")
     parser.add_argument("--cold-events", type=int, default=None,
                         help="backlog of each system's cold-start run before the measured one "
                              "(default 100,000; 0: none)")
@@ -617,7 +618,12 @@ def main(argv: list[str] | None = None) -> BenchResult:
     parser.add_argument("--peer-timeout", type=float, default=1800.0, help="seconds for Feast's processor")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where plots go")
     args = parser.parse_args(argv if argv is not None else [])
-    events = args.events or (50_000 if args.quick else 400_000)
+    settings = bench_settings("streaming_throughput", kafka_topic_partitions=2,
+                              spark_master="local[2]", spark_shuffle_partitions=2,
+                              stream_trigger_seconds=1.0)
+    # three full micro-batches at the job's default cap, so the rate after the first
+    # batch is a figure of its own
+    events = args.events or (50_000 if args.quick else 3 * settings.stream_max_offsets_per_trigger)
     cold_events = args.cold_events if args.cold_events is not None else (
         10_000 if args.quick else 100_000)
     probes = args.probes or (10 if args.quick else 40)
@@ -626,9 +632,6 @@ def main(argv: list[str] | None = None) -> BenchResult:
     from pipelines.infra import KafkaBroker, RedisServer
     from pipelines.spark import spark_session
 
-    settings = bench_settings("streaming_throughput", kafka_topic_partitions=2,
-                              spark_master="local[2]", spark_shuffle_partitions=2,
-                              stream_max_offsets_per_trigger=200_000, stream_trigger_seconds=1.0)
     broker, redis = KafkaBroker(settings), RedisServer(settings)
     redis.start()
     broker.start()
