@@ -67,17 +67,32 @@ def _topic(settings: Any, name: str) -> None:
         admin.close()
 
 
-def _backlog(settings: Any, topic: str, count: int) -> int:
-    """Generated traffic ending about now (so nothing is late or in the future)."""
+def traffic(users: int | None = None, items: int | None = None) -> Any:
+    """The generator's config of the bench's traffic: the generator's store by default
+    (10,000 users, 2,000 items), or one of the given size."""
     from pipelines.clickstream_model import GeneratorConfig
+
+    sizes = {k: v for k, v in (("users", users), ("items", items)) if v}
+    return GeneratorConfig(seed=11, bad_fraction=0.02, **sizes)
+
+
+def _backlog(settings: Any, topic: str, count: int, config: Any = None,
+             rate: float | None = None) -> int:
+    """Generated traffic ending about now (so nothing is late or in the future).
+
+    ``rate``: events per second of event time (default the generator's nominal 1,000): a
+    backlog of a fast stream spans less event time, so its users and items fall into
+    fewer tiles.
+    """
     from pipelines.generate import generate_records
     from pipelines.producer import KafkaSink
 
-    config = GeneratorConfig(seed=11, bad_fraction=0.02)
-    start_ms = int(time.time() * 1000) - int(count / config.nominal_rate * 1000)
+    config = config or traffic()
+    rate = rate or config.nominal_rate
+    start_ms = int(time.time() * 1000) - int(count / rate * 1000)
     sink = KafkaSink(settings, topic)
     batch: list[tuple[bytes | None, bytes]] = []
-    for record in generate_records(config, start_ms=start_ms, count=count):
+    for record in generate_records(config, start_ms=start_ms, count=count, rate=rate):
         batch.append((record.key, record.value))
         if len(batch) == 5000:
             sink.send_batch(batch)
@@ -111,13 +126,14 @@ def _empty_redis(settings: Any) -> None:
         client.close()
 
 
-def _throughput(settings: Any, spark: Any, count: int) -> dict[str, Any]:
+def _throughput(settings: Any, spark: Any, count: int, config: Any = None,
+                rate: float | None = None) -> dict[str, Any]:
     from benchmarks.raw_peers import kafka_consumer_rate
     from pipelines.stream import StreamOptions, run_stream
 
     topic = f"bench.tp.{uuid.uuid4().hex[:8]}"
     _topic(settings, topic)
-    _backlog(settings, topic, count)
+    _backlog(settings, topic, count, config, rate)
     raw = kafka_consumer_rate(settings, topic, count)
     _say(f"plain Kafka consumer: {raw['events']:,} events at {raw['events_per_s']:,.0f}/s")
     run_settings = settings.model_copy(update={"kafka_topic_events": topic,
@@ -606,6 +622,13 @@ def main(argv: list[str] | None = None) -> BenchResult:
                         help="backlog of each system's cold-start run before the measured one "
                              "(default 100,000; 0: none)")
     parser.add_argument("--rate", type=float, default=1000.0, help="background events/s")
+    parser.add_argument("--users", type=int, default=None,
+                        help="users in the backlogs' store (default the generator's 10,000)")
+    parser.add_argument("--items", type=int, default=None,
+                        help="items in the backlogs' store (default the generator's 2,000)")
+    parser.add_argument("--event-rate", type=float, default=None,
+                        help="events per second of event time in the backlogs (default the "
+                             "generator's 1,000): a fast stream's backlog spans fewer tiles")
     parser.add_argument("--realtime-rates", type=rates, default=[],
                         help="more background rates (events/s, comma-separated) to probe "
                              "Real-time Mode at, each a row of its own: where it stops keeping up")
@@ -627,6 +650,11 @@ def main(argv: list[str] | None = None) -> BenchResult:
     cold_events = args.cold_events if args.cold_events is not None else (
         10_000 if args.quick else 100_000)
     probes = args.probes or (10 if args.quick else 40)
+    for name in ("users", "items", "event_rate"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {value}")
+    store = traffic(args.users, args.items)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pipelines.infra import KafkaBroker, RedisServer
@@ -642,14 +670,19 @@ def main(argv: list[str] | None = None) -> BenchResult:
                  "freshness": "p99 <= 1 s in Real-time Mode; never above 5 s in micro-batch"},
     )
     try:
-        _say(f"backlog of {events:,} events; Spark {settings.spark_master}")
+        event_rate = args.event_rate or store.nominal_rate
+        shape = (f"{store.users:,} users, {store.items:,} items, event time at "
+                 f"{event_rate:,.0f} events/s")
+        _say(f"backlog of {events:,} events ({shape}); Spark {settings.spark_master}")
+        result.notes.append(f"backlogs' traffic: {shape} (--users, --items, --event-rate); each "
+                            "micro-batch rewrites the features of every user and item it touched")
         spark = spark_session(settings, app_name="bench-streaming")
         if cold_events:
             _say(f"cold start: shopstream stream on a backlog of {cold_events:,} events")
             result.rows.append(_stream_row(
                 "cold start (not in the ratios): shopstream stream, the first run of a fresh driver",
-                _throughput(settings, spark, cold_events)))
-        tp = _throughput(settings, spark, events)
+                _throughput(settings, spark, cold_events, store, args.event_rate)))
+        tp = _throughput(settings, spark, events, store, args.event_rate)
         result.rows.append(_stream_row("shopstream stream (micro-batch, full pipeline)", tp))
         phases = tp["phases"]
         result.notes.append(
@@ -672,7 +705,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
             def feast_run(count: int) -> dict[str, Any]:
                 topic = f"bench.peer.{uuid.uuid4().hex[:8]}"
                 _topic(settings, topic)
-                _backlog(settings, topic, count)
+                _backlog(settings, topic, count, store, args.event_rate)
                 return run_feast_spark_processor(settings, spark, topic=topic, expected_events=count,
                                                  max_seconds=args.peer_timeout,
                                                  workdir=Path(settings.data_dir).resolve().parent)

@@ -154,10 +154,10 @@ class Settings(BaseSettings):
     stream_max_offsets_per_trigger: int = Field(default=500_000, ge=1)
     """The most records one micro-batch reads (Spark's ``maxOffsetsPerTrigger``): the
     backpressure that bounds a batch's memory and time while the job catches up.
-    Every batch rewrites the features of each user and item it touched, and a batch
-    of a busy stream touches most of the active ones whatever its size, so larger
-    batches catch up faster: 500k drained 38-52 % faster than 200k here, at 11-13 s a
-    batch (docs/streaming-performance.md, "The batch's size"). A live stream's
+    Every batch rewrites the features of each user and item it touched, and those grow
+    more slowly than the batch, so larger batches catch up faster: 500k drained 22-52 %
+    faster than 200k here (more with a small store), at 11-13 s a batch
+    (docs/streaming-performance.md, "The batch's size"). A live stream's
     batches are as small as its trigger interval makes them; this only caps them."""
     stream_starting_offsets: str = "earliest"
     checkpoint_dir: str | None = None

@@ -61,6 +61,23 @@ def test_realtime_rates_parse_and_name_a_bad_value() -> None:
     assert exit_info.value.code == 2
 
 
+def test_the_backlogs_traffic_takes_a_store_size_and_names_a_bad_one(capsys) -> None:
+    """--users/--items size the generator's store (default its own); a size or event rate
+    that is not positive stops the bench with usage, naming the option."""
+    import pytest
+
+    from benchmarks.streaming_throughput import main, traffic
+
+    assert (traffic().users, traffic().items) == (10_000, 2_000)
+    big = traffic(1_000_000, 100_000)
+    assert (big.users, big.items, big.bad_fraction) == (1_000_000, 100_000, 0.02)
+    for option in ("--users", "--items", "--event-rate"):
+        with pytest.raises(SystemExit) as exit_info:
+            main([option, "0"])
+        assert exit_info.value.code == 2
+        assert f"{option} must be positive" in capsys.readouterr().err
+
+
 def test_epoch_boundaries_are_counted_from_the_drivers_log(tmp_path: Path) -> None:
     """The boundaries the probes met: the epochs the log reports ended between two reads
     (rich wraps a line's rest, never its start); no log yet counts none."""
