@@ -731,6 +731,9 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
                     poller.stop(drain=False)
             raise
         processor.close()
+        if not listener.wait_terminated(str(query.id)):
+            log.warning("stream: the end of query %s did not reach its listener within 10 s; "
+                        "the last batches' figures may be missing", query.id)
         if poller is not None:
             try:
                 poller.stop()  # the snapshots asked for by now are written first

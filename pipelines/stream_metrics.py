@@ -681,6 +681,20 @@ class ProgressListener(_ListenerBase):  # type: ignore[misc,valid-type]
     def __init__(self, recorder: MetricsRecorder, query_names: tuple[str, ...] | None = None) -> None:
         self.recorder = recorder
         self.query_names = query_names
+        self._terminated: set[str] = set()
+        self._ended = threading.Condition()
+
+    def wait_terminated(self, query_id: str, timeout: float = 10.0) -> bool:
+        """Wait until Spark's listener bus delivered the end of query ``query_id``.
+
+        The bus is asynchronous: a query can end before the progress of its last batch
+        reached this listener, and removing the listener then loses that batch's figures
+        (seen: an available-now run's history came back empty). The bus delivers a
+        query's events in order, so once its end is here, so is all its progress.
+        Returns whether it came within ``timeout`` seconds.
+        """
+        with self._ended:
+            return self._ended.wait_for(lambda: query_id in self._terminated, timeout)
 
     @property
     def _jlistener(self) -> Any:
@@ -713,6 +727,9 @@ class ProgressListener(_ListenerBase):  # type: ignore[misc,valid-type]
         if event.get("exception"):
             log.error("query %s terminated: %s", event.get("id"),
                       event["exception"].splitlines()[0])
+        with self._ended:
+            self._terminated.add(str(event.get("id")))
+            self._ended.notify_all()
 
 
 class _JsonProgressBridge:

@@ -385,3 +385,21 @@ def test_caught_up_means_the_last_batch_took_all_there_was() -> None:
     assert caught_up_of(progress(took_all, '{"t":{"0":900,"1":480}}')) is False
     assert caught_up_of(progress(took_all, None)) is None
     assert caught_up_of(None) is None and caught_up_of({"sources": []}) is None
+
+
+def test_the_listener_tells_when_a_querys_end_has_reached_it(settings: Settings) -> None:
+    """Spark's listener bus is asynchronous: run_stream waits for the query's end to reach
+    the listener (after its progress, in the bus's order) before it removes the listener,
+    so the last batch's figures are not lost. Another query's end does not count."""
+    import threading
+
+    from pipelines.stream_metrics import ProgressListener
+
+    listener = ProgressListener(MetricsRecorder(settings, _client=DownRedis()))
+    assert listener.wait_terminated("q-1", timeout=0.05) is False
+    listener.onQueryTerminated({"id": "q-other", "exception": None})
+    assert listener.wait_terminated("q-1", timeout=0.05) is False
+    timer = threading.Timer(0.2, listener.onQueryTerminated, args=({"id": "q-1", "exception": None},))
+    timer.start()
+    assert listener.wait_terminated("q-1", timeout=5.0) is True
+    timer.join()
