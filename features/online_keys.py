@@ -36,6 +36,7 @@ widen a SCAN pattern).
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 from urllib.parse import quote, unquote
 
@@ -79,9 +80,19 @@ _SAFE = "-_.~@+"
 """Characters kept as-is; everything else (``:`` ``*`` ``?`` ``[`` ``=`` ``|`` ``%`` space, ...) is encoded."""
 
 
+_UNCHANGED = re.compile(r"[A-Za-z0-9" + re.escape(_SAFE) + r"]*").fullmatch
+"""Whether ``quote`` would return an identifier as it is (ASCII letters, digits, ``_SAFE``)."""
+
+
 def encode_part(part: str) -> str:
-    """Percent-encode one identifier so it cannot contain ``:`` or glob characters."""
-    return quote(str(part), safe=_SAFE)
+    """Percent-encode one identifier so it cannot contain ``:`` or glob characters.
+
+    Most identifiers need nothing encoded; they are returned as they are without
+    ``quote``'s round trip through bytes (the stream names two keys per touched
+    entity and batch).
+    """
+    text = str(part)
+    return text if _UNCHANGED(text) else quote(text, safe=_SAFE)
 
 
 def key(*parts: str) -> str:

@@ -66,9 +66,11 @@ on every write. Key builders are here until they move to
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -400,16 +402,39 @@ def update_batches(batches: Iterator[Any], *, cfg: PassConfig) -> Iterator[Any]:
     items as of the clock and write them in Feast's layout, and item metadata
     from the item rows.
     """
-    deltas: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    metadata = pyf.ItemMetadata()
-    for batch in batches:
-        for row in batch.to_pylist():
-            kind = row["kind"]
-            deltas.setdefault((kind, row["key"]), []).append(pyf.TILE_OF_ROW[kind](row))
-            if kind == ITEM:
-                metadata.add(row)
-    _update(deltas, metadata.rows(), cfg)
+    with _cyclic_gc_paused():
+        deltas: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        metadata = pyf.ItemMetadata()
+        for batch in batches:
+            for row in batch.to_pylist():
+                kind = row["kind"]
+                deltas.setdefault((kind, row["key"]), []).append(pyf.TILE_OF_ROW[kind](row))
+                if kind == ITEM:
+                    metadata.add(row)
+        _update(deltas, metadata.rows(), cfg)
     yield from ()
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for one pass, then restore it.
+
+    The pass builds hundreds of thousands of small dicts and lists (tiles, rows,
+    encoded hashes) and keeps a batch's tiles alive to the end, so the collector's
+    generation thresholds fire over and over, each older generation scanning every
+    tile held so far; none of it is cyclic (reference counting frees it). On a
+    200k-event batch of a large store the pass took about a fifth less CPU without
+    it (4.1-5.7 s against 5.1-7.8 s a batch, four batches each in alternating
+    processes). The worker is reused by the next task, so the collector's state is
+    put back.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def batch_marker(cfg: PassConfig) -> str:
@@ -500,17 +525,18 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
     try:
         for chunk in _chunks(deltas.items(), _CHUNK):
             based = [cfg.open_from is not None and kind == ITEM for (kind, _), _ in chunk]
+            names = [tiles_key(kind, key) for (kind, key), _ in chunk]
             reads = CommandBatch(client)
-            for ((kind, key), _), item in zip(chunk, based, strict=True):
+            for name, item in zip(names, based, strict=True):
                 if item:
-                    reads.add("HMGET", tiles_key(kind, key), *_META_FIELDS, *open_fields)
+                    reads.add("HMGET", name, *_META_FIELDS, *open_fields)
                 else:
-                    reads.add("HGETALL", tiles_key(kind, key))
+                    reads.add("HGETALL", name)
             stored = reads.execute()
             # items: the base as stored, and what moving it needs (a second round trip)
             bases: dict[int, pyf.ItemBase | None] = {}
             plans: dict[int, Any] = {}
-            for i, (((kind, key), _), item) in enumerate(zip(chunk, based, strict=True)):
+            for i, item in enumerate(based):
                 if not item:
                     continue
                 values = stored[i]
@@ -519,10 +545,10 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
                 plan = _moves(base.ranges if base is not None else None, ranges, cfg.slide)
                 bases[i], plans[i] = base, plan
                 if plan is None:
-                    reads.add("HGETALL", tiles_key(kind, key))
+                    reads.add("HGETALL", names[i])
                 else:
                     moved = sorted({t for w in plan[0] for t in (*plan[0][w], *plan[1][w])})
-                    reads.add("HMGET", tiles_key(kind, key), MARKER_FIELD, *map(str, moved))
+                    reads.add("HMGET", names[i], MARKER_FIELD, *map(str, moved))
                     plans[i] = (plan, moved)
             second = dict(zip(sorted(bases), reads.execute(), strict=True)) if bases else {}
             users: list[dict[str, Any]] = []
@@ -531,7 +557,7 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
             dirty: dict[str, list[str]] = {}
             tx = CommandBatch(client)
             for i, ((kind, key), batch_tiles) in enumerate(chunk):
-                redis_key = tiles_key(kind, key)
+                redis_key = names[i]
                 base = None
                 write_base = False
                 if i in bases:

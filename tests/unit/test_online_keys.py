@@ -25,6 +25,23 @@ def test_encode_part_never_contains_separators(part: str) -> None:
     assert not set(encoded) & set(":*?[]=| ")
 
 
+@given(st.one_of(st.text(max_size=24),
+                 st.text(alphabet="abcXYZ019-_.~@+:%| \n\u00e9", max_size=24)))
+def test_encode_part_is_quote_of_the_safe_characters(part: str) -> None:
+    # the fast path for identifiers that need nothing encoded must not change a key
+    from urllib.parse import quote
+
+    assert k.encode_part(part) == quote(part, safe="-_.~@+")
+
+
+@pytest.mark.parametrize(("part", "encoded"), [
+    ("u_0042", "u_0042"), ("i-9.x~@+", "i-9.x~@+"), ("", ""), ("a b", "a%20b"),
+    ("a:b", "a%3Ab"), ("caf\u00e9", "caf%C3%A9"), ("a\n", "a%0A"), ("50%", "50%25"),
+])
+def test_encode_part_examples(part: str, encoded: str) -> None:
+    assert k.encode_part(part) == encoded
+
+
 @given(st.text(min_size=1, max_size=64), st.text(min_size=1, max_size=64))
 def test_user_recs_key_distinct_ids_distinct_keys(a: str, b: str) -> None:
     if a != b:

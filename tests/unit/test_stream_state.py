@@ -86,3 +86,36 @@ def test_a_marker_reads_back_as_its_own_batch() -> None:
     assert batch_marker(cfg) == "ab12:12"
     assert merged_already(batch_marker(cfg).encode(), cfg)
     assert batch_marker(_cfg(12, "")) == "12"
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_the_pass_pauses_the_cyclic_collector_and_puts_it_back(enabled_before: bool) -> None:
+    import gc
+
+    from pipelines.stream_state import _cyclic_gc_paused
+
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled_before else gc.disable)()
+        with _cyclic_gc_paused():
+            assert not gc.isenabled()
+        assert gc.isenabled() is enabled_before
+        with pytest.raises(RuntimeError), _cyclic_gc_paused():
+            raise RuntimeError("a failed pass")
+        assert gc.isenabled() is enabled_before  # a Python worker is reused by the next task
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
+def test_the_pass_runs_with_the_collector_paused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    import pipelines.stream_state as ss
+
+    seen: list[bool] = []
+    monkeypatch.setattr(ss, "_update", lambda deltas, metadata, cfg: seen.append(gc.isenabled()))
+    cfg = TileStore({}, slide_seconds=60, last_items_n=5, long_window_seconds=86_400,
+                    ttl_seconds=3600).config(0, 1_717_243_200_000_000)
+    assert list(ss.update_batches(iter([]), cfg=cfg)) == []
+    assert seen == [False]
+    assert gc.isenabled()
