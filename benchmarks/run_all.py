@@ -41,7 +41,7 @@ START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
 SMOKE_ARGS: dict[str, list[str]] = {
     "streaming_throughput": ["--events", "2000", "--cold-events", "500", "--probes", "2",
-                             "--warmup", "2", "--rate", "50",
+                             "--warmup", "2", "--rate", "50", "--drains", "2",
                              "--peer-timeout", "600"],
     "tile_feed": ["--events", "3000", "--batch", "1000", "--repeats", "1"],
     "serving_latency": ["--users", "200", "--calls", "300", "--closed", "100", "--seconds", "1",

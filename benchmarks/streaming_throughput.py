@@ -5,7 +5,9 @@ Three measurements in one run, on this project's Kafka broker and redis-server:
 1. **Throughput** -- a backlog of generated events (2 % malformed, duplicates),
    drained with ``--available-now``: events/s over the micro-batches (Spark
    start-up excluded), full pipeline (quarantine, dedup, raw Parquet, tiles,
-   Feast-layout features, top sellers, snapshots). The same backlog drained by
+   Feast-layout features, top sellers, snapshots). Each system drains it
+   ``--drains`` times in a row; the drains after the first are its sustained
+   rate, the JVM's JIT done with the job's code. The same backlog drained by
    Feast's own ``SparkKafkaProcessor`` (a much cheaper transformation: running
    counters, no validation, no offline sink) is the same-run peer. Each system
    first drains a smaller backlog of its own (``--cold-events``), reported as its
@@ -127,18 +129,32 @@ def _empty_redis(settings: Any) -> None:
 
 
 def _throughput(settings: Any, spark: Any, count: int, config: Any = None,
-                rate: float | None = None) -> dict[str, Any]:
+                rate: float | None = None, drains: int = 1) -> list[dict[str, Any]]:
+    """Drain one backlog ``drains`` times in a row, each time from a fresh checkpoint into
+    an empty Redis, as a new deployment would; one result per drain (the first also
+    holds the plain consumer's read of the topic)."""
     from benchmarks.raw_peers import kafka_consumer_rate
-    from pipelines.stream import StreamOptions, run_stream
 
     topic = f"bench.tp.{uuid.uuid4().hex[:8]}"
     _topic(settings, topic)
     _backlog(settings, topic, count, config, rate)
     raw = kafka_consumer_rate(settings, topic, count)
     _say(f"plain Kafka consumer: {raw['events']:,} events at {raw['events_per_s']:,.0f}/s")
-    run_settings = settings.model_copy(update={"kafka_topic_events": topic,
-                                               "checkpoint_dir": _fresh_checkpoints(settings, topic)})
-    _empty_redis(settings)
+    runs = []
+    for drain in range(drains):
+        run_settings = settings.model_copy(update={
+            "kafka_topic_events": topic,
+            "checkpoint_dir": _fresh_checkpoints(settings, f"{topic}.{drain}")})
+        if drains > 1:
+            _say(f"drain {drain + 1} of {drains}")
+        runs.append({**_drain(spark, run_settings), "raw": raw})
+    return runs
+
+
+def _drain(spark: Any, run_settings: Any) -> dict[str, Any]:
+    from pipelines.stream import StreamOptions, run_stream
+
+    _empty_redis(run_settings)
     started = time.monotonic()
     recorder = run_stream(run_settings, spark=spark,
                           options=StreamOptions(stop="available_now"))
@@ -154,8 +170,26 @@ def _throughput(settings: Any, spark: Any, count: int, config: Any = None,
               for name in ("read", "online", "offline")}
     return {"events": rows, "batches": len(batches), "busy_s": busy, "wall_s": wall,
             "events_per_s": rows / busy if busy else 0.0, "warm_events_per_s": warm,
-            "raw": raw, "phases": phases,
+            "phases": phases,
             "series": [(m.batch_id, m.processed_rows_per_second) for m in batches]}
+
+
+def sustained(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Events/s over the drains after the first, from ``events`` and ``busy_s`` per
+    drain; ``None`` with fewer than two.
+
+    A stream job runs for days in a warm JVM. The first full drain after the cold
+    start still pays for the JIT compiling Spark's code (about 4,500 compile tasks
+    in a 400k drain, their threads a quarter of the JVM's CPU); the drains after it
+    are the job as it runs for days.
+    """
+    later = runs[1:]
+    busy = sum(r["busy_s"] for r in later)
+    if not later or busy <= 0:
+        return None
+    events = sum(r["events"] for r in later)
+    return {"events": events, "batches": sum(r["batches"] for r in later), "busy_s": busy,
+            "events_per_s": events / busy, "drains": len(later)}
 
 
 def _stream_row(system: str, run: dict[str, Any]) -> dict[str, Any]:
@@ -163,6 +197,14 @@ def _stream_row(system: str, run: dict[str, Any]) -> dict[str, Any]:
     return {"system": system, "events": run["events"], "batches": run["batches"],
             "busy_s": run["busy_s"], "events_per_s": run["events_per_s"],
             "events_per_s_after_first_batch": run["warm_events_per_s"]}
+
+
+def _sustained_row(system: str, run: dict[str, Any]) -> dict[str, Any]:
+    """A result row of :func:`sustained`: the drains after a system's first."""
+    return {"system": f"{system}, sustained: drains 2-{run['drains'] + 1} of the same backlog, "
+                      "warm driver", "events": run["events"], "batches": run["batches"],
+            "busy_s": run["busy_s"], "events_per_s": run["events_per_s"],
+            "events_per_s_after_first_batch": None}
 
 
 def _peer_rate(peer: dict[str, Any]) -> float:
@@ -632,6 +674,9 @@ def main(argv: list[str] | None = None) -> BenchResult:
     parser.add_argument("--realtime-rates", type=rates, default=[],
                         help="more background rates (events/s, comma-separated) to probe "
                              "Real-time Mode at, each a row of its own: where it stops keeping up")
+    parser.add_argument("--drains", type=int, default=None,
+                        help="times each system drains the backlog in a row (default 3, 1 with "
+                             "--quick); the drains after the first give the sustained rate")
     parser.add_argument("--no-peer", action="store_true", help="skip Feast's processor")
     parser.add_argument("--no-realtime", action="store_true", help="skip Real-time Mode")
     parser.add_argument("--probes", type=int, default=None, help="freshness probes per mode (default 40)")
@@ -650,7 +695,8 @@ def main(argv: list[str] | None = None) -> BenchResult:
     cold_events = args.cold_events if args.cold_events is not None else (
         10_000 if args.quick else 100_000)
     probes = args.probes or (10 if args.quick else 40)
-    for name in ("users", "items", "event_rate"):
+    drains = args.drains if args.drains is not None else (1 if args.quick else 3)
+    for name in ("users", "items", "event_rate", "drains"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {value}")
@@ -676,14 +722,23 @@ def main(argv: list[str] | None = None) -> BenchResult:
         _say(f"backlog of {events:,} events ({shape}); Spark {settings.spark_master}")
         result.notes.append(f"backlogs' traffic: {shape} (--users, --items, --event-rate); each "
                             "micro-batch rewrites the features of every user and item it touched")
+        if drains > 1:
+            result.notes.append(
+                f"each system drains its backlog {drains} times in a row in its warm driver "
+                "(shopstream: a fresh checkpoint and an empty Redis each time); the first "
+                "drain is the row without 'sustained', the others the sustained row")
         spark = spark_session(settings, app_name="bench-streaming")
         if cold_events:
             _say(f"cold start: shopstream stream on a backlog of {cold_events:,} events")
             result.rows.append(_stream_row(
                 "cold start (not in the ratios): shopstream stream, the first run of a fresh driver",
-                _throughput(settings, spark, cold_events, store, args.event_rate)))
-        tp = _throughput(settings, spark, events, store, args.event_rate)
+                _throughput(settings, spark, cold_events, store, args.event_rate)[0]))
+        tps = _throughput(settings, spark, events, store, args.event_rate, drains)
+        tp = tps[0]
         result.rows.append(_stream_row("shopstream stream (micro-batch, full pipeline)", tp))
+        ours = sustained(tps)
+        if ours:
+            result.rows.append(_sustained_row("shopstream stream", ours))
         phases = tp["phases"]
         result.notes.append(
             f"shopstream's {tp['busy_s']:.1f} s busy, summed over its batches: Kafka read, "
@@ -702,21 +757,28 @@ def main(argv: list[str] | None = None) -> BenchResult:
         if not args.no_peer:
             from benchmarks.feast_stream_peer import run_feast_spark_processor
 
-            def feast_run(count: int) -> dict[str, Any]:
+            def feast_runs(count: int, times: int = 1) -> list[dict[str, Any]]:
                 topic = f"bench.peer.{uuid.uuid4().hex[:8]}"
                 _topic(settings, topic)
                 _backlog(settings, topic, count, store, args.event_rate)
-                return run_feast_spark_processor(settings, spark, topic=topic, expected_events=count,
-                                                 max_seconds=args.peer_timeout,
-                                                 workdir=Path(settings.data_dir).resolve().parent)
+                runs = []
+                for drain in range(times):
+                    if times > 1:
+                        _say(f"Feast SparkKafkaProcessor: drain {drain + 1} of {times}")
+                    runs.append(run_feast_spark_processor(
+                        settings, spark, topic=topic, expected_events=count,
+                        max_seconds=args.peer_timeout,
+                        workdir=Path(settings.data_dir).resolve().parent))
+                return runs
 
             if cold_events:
                 _say(f"cold start: Feast SparkKafkaProcessor on a backlog of {cold_events:,} events")
                 result.rows.append(_peer_row(
                     "cold start (not in the ratios): Feast SparkKafkaProcessor, its first run",
-                    feast_run(cold_events)))
+                    feast_runs(cold_events)[0]))
             _say(f"Feast SparkKafkaProcessor on a backlog of {events:,} events")
-            peer = feast_run(events)
+            peers = feast_runs(events, drains)
+            peer = peers[0]
             peer_row = _peer_row("Feast SparkKafkaProcessor (running counters only)", peer)
             peer_rate, peer_warm = peer_row["events_per_s"], peer_row["events_per_s_after_first_batch"]
             _say(f"Feast SparkKafkaProcessor: {peer['events']:,} events, {peer_rate:,.0f}/s busy")
@@ -731,6 +793,14 @@ def main(argv: list[str] | None = None) -> BenchResult:
             if peer_warm and tp["warm_events_per_s"]:
                 result.ratios["throughput after each one's first batch: shopstream / Feast processor"] = (
                     tp["warm_events_per_s"] / peer_warm)
+            theirs = sustained([{"events": p["events"], "batches": len(p.get("batches", [])),
+                                 "busy_s": p.get("busy_s") or p["seconds"]} for p in peers])
+            if theirs:
+                result.rows.append(_sustained_row("Feast SparkKafkaProcessor", theirs))
+                if ours:
+                    result.ratios["sustained throughput (the drains after the first): "
+                                  "shopstream / Feast processor"] = (
+                        ours["events_per_s"] / theirs["events_per_s"])
             series["Feast SparkKafkaProcessor"] = (
                 [float(n) for n in range(len(peer.get("points", [])))],
                 [r for _, r in peer.get("points", [])])

@@ -81,6 +81,13 @@ def test_streaming_smoke(tmp_path: Path) -> None:
     # the first batch's cost is split off for both systems (at this size each drains in one
     # batch, so there is no figure without it: the column is there, empty)
     assert "events_per_s_after_first_batch" in ours and "events_per_s_after_first_batch" in peer
+    # each drained the backlog twice (--drains 2): the second drain is the sustained rate
+    for system in ("shopstream stream, sustained", "Feast SparkKafkaProcessor, sustained"):
+        again = _row(payload, system)
+        assert again["events"] == 2000 and _positive(again["events_per_s"]), _explain(payload)
+    assert _positive(payload["ratios"].get(
+        "sustained throughput (the drains after the first): shopstream / Feast processor")), (
+        _explain(payload))
     # each system drained a smaller backlog first (its cold start, reported apart)
     for system in ("cold start (not in the ratios): shopstream stream",
                    "cold start (not in the ratios): Feast SparkKafkaProcessor"):

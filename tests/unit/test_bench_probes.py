@@ -71,7 +71,7 @@ def test_the_backlogs_traffic_takes_a_store_size_and_names_a_bad_one(capsys) -> 
     assert (traffic().users, traffic().items) == (10_000, 2_000)
     big = traffic(1_000_000, 100_000)
     assert (big.users, big.items, big.bad_fraction) == (1_000_000, 100_000, 0.02)
-    for option in ("--users", "--items", "--event-rate"):
+    for option in ("--users", "--items", "--event-rate", "--drains"):
         with pytest.raises(SystemExit) as exit_info:
             main([option, "0"])
         assert exit_info.value.code == 2
@@ -92,3 +92,17 @@ def test_epoch_boundaries_are_counted_from_the_drivers_log(tmp_path: Path) -> No
     with log.open("a") as f:
         f.write("[01:18:36] INFO     real-time epoch 1: 63,324 rows in 62.3s (running 61.0s)\n")
     assert (before, epochs_logged(log) - before) == (1, 1)
+
+
+def test_the_sustained_rate_leaves_out_the_first_drain() -> None:
+    from benchmarks.streaming_throughput import sustained
+
+    drains = [{"events": 1_500_000, "batches": 3, "busy_s": 60.0},
+              {"events": 1_500_000, "batches": 3, "busy_s": 30.0},
+              {"events": 1_500_000, "batches": 4, "busy_s": 45.0}]
+    rate = sustained(drains)
+    assert rate is not None
+    assert rate["events_per_s"] == 3_000_000 / 75.0
+    assert (rate["events"], rate["batches"], rate["drains"]) == (3_000_000, 7, 2)
+    assert sustained(drains[:1]) is None
+    assert sustained([drains[0], {"events": 0, "batches": 0, "busy_s": 0.0}]) is None
