@@ -201,8 +201,9 @@ def _stream_row(system: str, run: dict[str, Any]) -> dict[str, Any]:
 
 def _sustained_row(system: str, run: dict[str, Any]) -> dict[str, Any]:
     """A result row of :func:`sustained`: the drains after a system's first."""
-    return {"system": f"{system}, sustained: drains 2-{run['drains'] + 1} of the same backlog, "
-                      "warm driver", "events": run["events"], "batches": run["batches"],
+    drains = "drain 2" if run["drains"] == 1 else f"drains 2-{run['drains'] + 1}"
+    return {"system": f"{system}, sustained: {drains} of the same backlog, warm driver",
+            "events": run["events"], "batches": run["batches"],
             "busy_s": run["busy_s"], "events_per_s": run["events_per_s"],
             "events_per_s_after_first_batch": None}
 

@@ -106,3 +106,12 @@ def test_the_sustained_rate_leaves_out_the_first_drain() -> None:
     assert (rate["events"], rate["batches"], rate["drains"]) == (3_000_000, 7, 2)
     assert sustained(drains[:1]) is None
     assert sustained([drains[0], {"events": 0, "batches": 0, "busy_s": 0.0}]) is None
+
+
+def test_the_sustained_row_names_its_drains() -> None:
+    from benchmarks.streaming_throughput import _sustained_row
+
+    one = {"events": 10, "batches": 1, "busy_s": 1.0, "events_per_s": 10.0, "drains": 1}
+    assert _sustained_row("x", one)["system"] == (
+        "x, sustained: drain 2 of the same backlog, warm driver")
+    assert "drains 2-3 of" in _sustained_row("x", {**one, "drains": 2})["system"]
