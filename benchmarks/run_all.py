@@ -7,7 +7,7 @@ Each benchmark module exposes ``main(argv) -> BenchResult``; this writes
 each benchmark (those not run this time keep their last result), the date, the machine
 (cores, load average at the start) and the commit.
 
-Default sizes (``make bench``): streaming 1,500,000 backlog events, three micro-batches at
+Default sizes (``make bench``): streaming 3,000,000 backlog events, three micro-batches at
 the job's cap (and the same for Feast's processor), 40 freshness probes per mode at 1,000 background events/s, and
 Real-time Mode also at 500 and 2,000 events/s (where it keeps up on this 2-core machine,
 and where its p99 passes 1 s); the tile feed 200,000 events' tile rows, 3 runs
