@@ -157,11 +157,11 @@ class Settings(BaseSettings):
     Every batch rewrites the features of each user and item it touched, and those grow
     more slowly than the batch, so larger batches catch up faster: 500k drained 22-52 %
     faster than 200k here (more with a small store), and 1M 7-12 % faster than 500k
-    (alternating 3M drains in one driver: 50.9-52.3k against 46.5-47.4k events/s with
-    the bench's store, 31.7-32.1k against 29.5k with 1M users), at 15-20 s a batch, its
-    JVM within the default 2 GB heap (docs/streaming-performance.md, "The batch's size"
-    and "A million records a batch"). A live stream's batches are as small as its
-    trigger interval makes them; this only caps them."""
+    (alternating drains in one driver: 50.9-52.3k against 46.5-47.4k events/s on 3M of
+    the bench's store, 31.7-32.1k against 29.5k on 2M of a 1M-user store), at 15-20 s a
+    batch, its JVM within the default 2 GB heap (docs/streaming-performance.md, "The
+    batch's size" and "A million records a batch"). A live stream's batches are as
+    small as its trigger interval makes them; this only caps them."""
     stream_starting_offsets: str = "earliest"
     checkpoint_dir: str | None = None
     """Default ``<data_dir>/checkpoints``; URI-capable."""
