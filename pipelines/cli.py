@@ -114,7 +114,8 @@ def infra_status() -> None:
 
 @infra_app.command("jars")
 def infra_jars() -> None:
-    """Resolve the Kafka broker's and Spark's Kafka connector jars from Maven Central (cached)."""
+    """Resolve the Kafka broker's and Spark's Kafka connector jars from Maven Central, and
+    compile the contract-fields jar (all cached)."""
     from pipelines import infra
 
     for name, version in infra.resolve_jars(load_settings()).items():

@@ -7,25 +7,32 @@ locally the default is ``local[2]`` with few shuffle partitions, sized for a
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any
 
+from pipelines.infra.contract_jar import contract_fields_jar
 from pipelines.settings import Settings
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from pyspark.sql import SparkSession
 
-__all__ = ["spark_session", "driver_java_options", "gc_option", "jit_option", "inheriting", "detached",
-           "scheduler_pool", "quiet_loggers", "STREAM_POOL", "BACKGROUND_POOL"]
+__all__ = ["spark_session", "register_contract_fields", "driver_java_options", "gc_option",
+           "jit_option", "inheriting", "detached", "scheduler_pool", "quiet_loggers", "STREAM_POOL",
+           "BACKGROUND_POOL"]
 
 STREAM_POOL = "stream"
 """Fair-scheduler pool of the streaming queries: first claim on every free task slot."""
 BACKGROUND_POOL = "background"
 """Fair-scheduler pool of work beside the stream (feature snapshots): the slots left idle."""
 _POOL_PROPERTY = "spark.scheduler.pool"
+
+log = logging.getLogger(__name__)
 
 
 _COLLECTOR_FLAG = re.compile(r"-XX:\+Use\w+GC\b")
@@ -134,14 +141,61 @@ def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bo
     executor = " ".join(filter(None, (gc_option(settings, latency=latency), jit_option(settings))))
     if executor:
         builder = builder.config("spark.executor.extraJavaOptions", executor)
+    jars: list[Path] = []
     if kafka:
         from pipelines.infra.jars import spark_kafka_jars
 
-        jars = ",".join(str(p) for p in spark_kafka_jars(settings).jars)
-        builder = builder.config("spark.jars", jars)
+        jars.extend(spark_kafka_jars(settings).jars)
+    contract = contract_fields_jar(settings)
+    if contract is not None:
+        jars.append(contract)
+    if jars:
+        builder = builder.config("spark.jars", ",".join(str(p) for p in jars))
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(settings.spark_log_level)
+    if contract is not None:
+        register_contract_fields(session)
     return session
+
+
+def register_contract_fields(spark: SparkSession, class_name: str | None = None) -> bool:
+    """Register :data:`features.validation.CONTRACT_FIELDS_FUNCTION` in ``spark`` (the Java
+    class of :mod:`pipelines.infra.contract_jar`, given the contract's fields); the
+    validation then reads the fields with it. False, with a warning, when the session's
+    JVM does not have the class (a session started before, without the jar): the
+    validation then reads them with Spark's own expressions, to the same verdicts."""
+    from functools import reduce
+
+    from py4j.protocol import Py4JError
+
+    from features.validation import CONTRACT_FIELDS_FUNCTION, contract_fields_arguments
+    from pipelines.infra.contract_jar import CONTRACT_FIELDS_CLASS
+
+    class_name = class_name or CONTRACT_FIELDS_CLASS
+    names, wants_text, wants_number, struct = contract_fields_arguments()
+    gateway = spark.sparkContext._gateway  # type: ignore[attr-defined]
+    jvm = gateway.jvm
+
+    def array(kind: Any, values: list[Any]) -> Any:
+        out = gateway.new_array(kind, len(values))
+        for i, v in enumerate(values):
+            out[i] = v
+        return out
+
+    try:
+        # py4j names a class it cannot find as a package, which cannot be called
+        instance = reduce(getattr, class_name.split("."), jvm)(
+            array(jvm.java.lang.String, names), array(jvm.boolean, wants_text),
+            array(jvm.boolean, wants_number))
+    except (Py4JError, TypeError) as exc:
+        log.warning("the contract-fields class %s is not in this Spark session's JVM (%s): "
+                    "the validation reads the fields with Spark's own expressions",
+                    class_name, exc)
+        return False
+    jsession = spark._jsparkSession  # type: ignore[attr-defined]
+    jsession.udf().register(CONTRACT_FIELDS_FUNCTION, instance,
+                            jsession.parseDataType(struct.json()))
+    return True
 
 
 def inheriting(spark: SparkSession, fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -73,15 +73,16 @@ def _python(value: bytes | None) -> tuple[str | None, dict[str, Any] | None]:
     return str(verdict), None
 
 
-def _spark(spark: Any, values: list[bytes | None]) -> list[tuple[str | None, dict[str, Any]]]:
+def _spark(spark: Any, values: list[bytes | None],
+           reader: str = "auto") -> list[tuple[str | None, dict[str, Any]]]:
     from pyspark.sql import functions as F
 
     from features.events import VALID_COLUMNS
     from features.validation import with_verdict
 
     frame = spark.createDataFrame(list(enumerate(values)), "i long, value binary")
-    rows = (with_verdict(frame, now=F.lit(NOW)).select("i", "reason", "field", *VALID_COLUMNS)
-            .orderBy("i").collect())
+    rows = (with_verdict(frame, now=F.lit(NOW), reader=reader)  # type: ignore[arg-type]
+            .select("i", "reason", "field", *VALID_COLUMNS).orderBy("i").collect())
     out = []
     for row in rows:
         verdict = None if row["reason"] is None else (
@@ -90,9 +91,12 @@ def _spark(spark: Any, values: list[bytes | None]) -> list[tuple[str | None, dic
     return out
 
 
-def test_spark_verdicts_equal_python_on_corpus_and_mutations(spark: Any) -> None:
+@pytest.mark.parametrize("reader", ["jvm", "variant"])
+def test_spark_verdicts_equal_python_on_corpus_and_mutations(spark: Any, reader: str) -> None:
+    """Both ways of reading the fields: the project's Java function, which the stream
+    uses, and Spark's own expressions, used where the session has no such function."""
     values = [value for _, value, _ in CASES] + mutated_records(3000)
-    got = _spark(spark, values)
+    got = _spark(spark, values, reader)
     mismatches = []
     valid = 0
     for value, (verdict, typed) in zip(values, got, strict=True):
@@ -109,3 +113,38 @@ def test_spark_verdicts_equal_python_on_corpus_and_mutations(spark: Any) -> None
     for (name, _, expected), (verdict, _) in zip(CASES, got, strict=False):
         assert verdict == expected, name
     assert 300 < valid < len(values) - 300
+
+
+def test_the_session_reads_the_fields_with_the_java_function(spark: Any) -> None:
+    """The project's sessions have the function, so the stream and the backfill use it; a
+    session without it (a user's own, or one started before the jar) reads the fields
+    with Spark's expressions and gives the same verdicts."""
+    from features.validation import CONTRACT_FIELDS_FUNCTION, with_verdict
+
+    def plan(session: Any) -> str:
+        frame = session.createDataFrame([(b'{"event_id": "a"}',)], "value binary")
+        checked = with_verdict(frame)
+        assert checked.select("reason", "field").first() == ("missing_field", "event_type")
+        return checked._jdf.queryExecution().analyzed().toString()
+
+    assert spark.catalog.functionExists(CONTRACT_FIELDS_FUNCTION)
+    assert CONTRACT_FIELDS_FUNCTION in plan(spark) and "try_parse_json" not in plan(spark)
+    other = spark.newSession()
+    assert not other.catalog.functionExists(CONTRACT_FIELDS_FUNCTION)
+    assert "try_parse_json" in plan(other) and CONTRACT_FIELDS_FUNCTION not in plan(other)
+
+
+def test_a_session_without_the_class_falls_back_with_a_warning(
+        spark: Any, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from features.validation import CONTRACT_FIELDS_FUNCTION
+    from pipelines.spark import register_contract_fields
+
+    other = spark.newSession()
+    with caplog.at_level(logging.WARNING, logger="pipelines.spark"):
+        assert register_contract_fields(other, class_name="shopstream.NotThere") is False
+    assert "shopstream.NotThere" in caplog.text and "Spark's own expressions" in caplog.text
+    assert not other.catalog.functionExists(CONTRACT_FIELDS_FUNCTION)
+    assert register_contract_fields(other) is True
+    assert other.catalog.functionExists(CONTRACT_FIELDS_FUNCTION)
