@@ -3,9 +3,10 @@
 Generated from :data:`features.events.FIELDS`, check for check in the order of
 :func:`features.events.validate_event`, so a record gets the same verdict in
 the stream, the backfill and the Python validator. JSON is parsed once into a
-``VARIANT`` (``try_parse_json``) whose per-field type is read with
-``schema_of_variant``: that distinguishes ``"7"`` from ``7`` and ``null`` from
-a missing field, which ``from_json`` cannot.
+``VARIANT`` by Spark's parser, whose per-field types distinguish ``"7"`` from ``7``
+and ``null`` from a missing field, which ``from_json`` cannot. The fields are read
+from it by :data:`CONTRACT_FIELDS_FUNCTION` (the project's Java class) when the session
+has it, else with ``try_variant_get`` and ``schema_of_variant``; see :func:`with_verdict`.
 
 Everything here is DataFrame in, DataFrame out; no session, no I/O.
 """
@@ -223,7 +224,7 @@ def with_verdict(raw: DataFrame, now: Column | datetime | None = None, check_key
     document is parsed by Spark's own parser inside it and every field is read there in
     the same pass, through the variant's Java API: the same types and values, and a
     third less of the validation's CPU (400k records from memory to a ``noop`` sink,
-    alternating: 2.6-3.8 s of the JVM's CPU against 4.2-5.6 s). Without it
+    alternating: 2.9-3.3 s of the JVM's CPU against 4.6-6.1 s). Without it
     (``reader="variant"``, or a session without the function) the fields are read with
     Spark's expressions as described above; both give every record the same verdict
     (``tests/integration/test_stream_validation.py``).
@@ -246,7 +247,7 @@ def with_verdict(raw: DataFrame, now: Column | datetime | None = None, check_key
     parsed, per_field = read(raw, value, text)
     fields = parsed.select("*", *per_field).select("*", _parse_event_time().alias("_et"))
 
-    # 3. the ordered rules; the first that holds is the verdict
+    # the ordered rules; the first that holds is the verdict
     ordered: list[tuple[Column, Reason, str | None]] = [
         (value.isNull() | (F.length(value) == 0), Reason.EMPTY_PAYLOAD, None),
         (~F.col("_utf8"), Reason.INVALID_ENCODING, None),
