@@ -346,17 +346,22 @@ def validate_events(
     return valid, quarantine
 
 
-def _variant_fields(raw: DataFrame, value: Column, text: Column) -> tuple[DataFrame, list[Column]]:
-    """The document and each field's columns, read with Spark's own expressions."""
-    # parse once; an object is a valid JSON text whose first non-blank byte is "{"
-    # and whose last is "}"
-    parsed = raw.select(
+def _parsed(raw: DataFrame, value: Column, text: Column, doc: Column) -> DataFrame:
+    """``raw`` with the document ``doc`` of each valid UTF-8 record, parsed once, and whether
+    its text is an object's (a valid JSON text whose first non-blank byte is "{" and whose
+    last is "}")."""
+    return raw.select(
         "*",
         F.is_valid_utf8(value).alias("_utf8"),
-        F.when(F.is_valid_utf8(value), F.try_parse_json(text)).alias("_doc"),
+        F.when(F.is_valid_utf8(value), doc).alias("_doc"),
         _bounded_by(text, "{", first=True).alias("_obj"),
         _bounded_by(text, "}", first=False).alias("_closed"),
     )
+
+
+def _variant_fields(raw: DataFrame, value: Column, text: Column) -> tuple[DataFrame, list[Column]]:
+    """The document and each field's columns, read with Spark's own expressions."""
+    parsed = _parsed(raw, value, text, F.try_parse_json(text))
 
     # each field in one projection: its type, text, number (Spark evaluates the
     # document's struct, and each field's sub-variant, once for all of them)
@@ -384,13 +389,7 @@ def _variant_fields(raw: DataFrame, value: Column, text: Column) -> tuple[DataFr
 
 def _jvm_fields(raw: DataFrame, value: Column, text: Column) -> tuple[DataFrame, list[Column]]:
     """The same columns, read by the contract-fields function in one pass per record."""
-    parsed = raw.select(
-        "*",
-        F.is_valid_utf8(value).alias("_utf8"),
-        F.when(F.is_valid_utf8(value), F.call_function(CONTRACT_FIELDS_FUNCTION, text)).alias("_doc"),
-        _bounded_by(text, "{", first=True).alias("_obj"),
-        _bounded_by(text, "}", first=False).alias("_closed"),
-    )
+    parsed = _parsed(raw, value, text, F.call_function(CONTRACT_FIELDS_FUNCTION, text))
     doc = F.col("_doc")
     per_field: list[Column] = [F.coalesce(doc.getField("json"), F.lit(False)).alias("_json")]
     for spec in FIELDS:
