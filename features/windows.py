@@ -541,7 +541,7 @@ def features_over_time(
     Parameters
     ----------
     events
-        Validated events (static), deduplicated by ``event_id``.
+        Validated events (static), deduplicated by ``event_id`` and ``event_time``.
     start, step_seconds, count
         The as-of series (``step_seconds`` >= 1, any value; the snapshot cadence).
     slide_seconds, last_items_n, top_n, created

@@ -15,7 +15,7 @@ The job is read -> transform -> write:
    contract's field names) pushed through the contract
    (:func:`features.validation.validate_events`): rejected rows go to the
    quarantine with their reason, as in the stream. Events are deduplicated by
-   ``event_id``.
+   ``event_id`` and ``event_time``, as in the stream (a copy of an event carries both).
 2. **Transform** with :func:`features.windows.features_over_time`: the same tile
    and finalize functions as the stream, at ``T_j = since + j * step`` for every
    ``T_j <= until``. Batch has no arrival order, so "late" does not exist here:
@@ -225,7 +225,7 @@ def _read(
 
     events = events.persist()
     total = events.count()
-    events_unique = events.dropDuplicates(["event_id"]).persist()
+    events_unique = events.dropDuplicates(["event_id", "event_time"]).persist()
     counts["in_range"] = total
     counts["used"], digest = lineage.dataframe_digest(events_unique, VALID_COLUMNS)
     counts["duplicates"] = total - counts["used"]

@@ -333,8 +333,8 @@ def _read_record_file(
 ) -> Interactions:
     """Raw Kafka records -> the event contract (as the stream applies it) -> interactions.
 
-    Records the contract rejects are counted by reason; duplicates (same ``event_id``)
-    count once, as in the stream. The "not in the future" rule is checked against the
+    Records the contract rejects are counted by reason; duplicates (same ``event_id`` and
+    ``event_time``) count once, as in the stream. The "not in the future" rule is checked against the
     newest event time in the file, not the wall clock, so a file can be evaluated
     whenever it was generated.
     """
@@ -362,7 +362,7 @@ def _read_record_file(
     frame = pd.DataFrame(events)
     if not frame.empty:
         before = len(frame)
-        frame = frame.drop_duplicates("event_id")
+        frame = frame.drop_duplicates(["event_id", "event_time"])
         dropped["duplicate_event_id"] = before - len(frame)
         frame["event_time"] = pd.to_datetime(frame["event_time"], utc=True)
     else:

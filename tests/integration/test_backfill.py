@@ -71,13 +71,16 @@ def test_backfill_replay_file_quarantines_dedups_and_records_lineage(
     from pipelines.lineage import list_manifests, read_manifest
     from pipelines.offline_store import quarantine_path
 
-    source = write_jsonl(tmp_path / "replay.jsonl", EVENTS + [EVENTS[1]], BAD)  # "b" twice
+    # "b" twice (a copy); the id "a" again at another time and for another user: another
+    # event (an event's identity is its id and its time, as in the stream's dedup)
+    reused = event("a", 40, "u3", "i3")
+    source = write_jsonl(tmp_path / "replay.jsonl", EVENTS + [EVENTS[1], reused], BAD)
     result = run_backfill(run_settings, source=source, since=T0, until=T0 + timedelta(hours=2),
                           step_seconds=1800, materialize=False, spark=spark)
     assert result.as_of_count == 5
-    assert result.rows["events_read"] == 8
+    assert result.rows["events_read"] == 9
     assert result.rows["events_quarantined"] == 2
-    assert result.rows["events_duplicates"] == 1 and result.rows["events_used"] == 5
+    assert result.rows["events_duplicates"] == 1 and result.rows["events_used"] == 6
     quarantine = pd.read_parquet(quarantine_path(run_settings))
     assert sorted(zip(quarantine.reason, quarantine.field.fillna(""), strict=True)) == [
         ("invalid_json", ""), ("missing_price", "price")]
@@ -87,6 +90,8 @@ def test_backfill_replay_file_quarantines_dedups_and_records_lineage(
     assert len(users) == result.rows["user_activity"]
     u1 = users[users.user_id == "u1"].set_index("event_timestamp")
     assert u1.loc[pd.Timestamp(T0 + timedelta(minutes=30)), "views_1h"] == 2  # "b" counted once
+    u3 = users[users.user_id == "u3"].set_index("event_timestamp")
+    assert u3.loc[pd.Timestamp(T0 + timedelta(minutes=60)), "views_1h"] == 1  # the reused "a"
 
     [path] = list_manifests(run_settings)
     manifest = read_manifest(path)
@@ -94,8 +99,8 @@ def test_backfill_replay_file_quarantines_dedups_and_records_lineage(
     assert manifest["inputs"]["source"] == "file"
     assert manifest["inputs"]["files"][0]["path"] == str(source)
     assert len(manifest["inputs"]["files"][0]["sha256"]) == 64
-    assert manifest["inputs"]["rows"] == {"read": 8, "quarantined": 2, "in_range": 6,
-                                          "duplicates": 1, "used": 5}
+    assert manifest["inputs"]["rows"] == {"read": 9, "quarantined": 2, "in_range": 7,
+                                          "duplicates": 1, "used": 6}
     assert manifest["inputs"]["digest"].startswith("xxhash64-sum:")
     assert manifest["parameters"]["step_seconds"] == 1800
     assert manifest["outputs"]["user_activity"]["rows"] == result.rows["user_activity"]

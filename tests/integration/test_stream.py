@@ -136,15 +136,17 @@ def wave2(first: list[Sent]) -> list[Sent]:
 
 @dataclass
 class Expected:
-    events: dict[str, Event]
+    events: dict[tuple[str, datetime], Event]
+    """The stored events by their identity, (``event_id``, ``event_time``)."""
     quarantine: Counter[tuple[str, str | None, bytes | None]]
     late: int
     duplicates: int
 
 
 def expected_outcome(sent: list[Sent]) -> Expected:
-    """What the contract says: the Python validator, first occurrence of an event_id wins."""
-    events: dict[str, Event] = {}
+    """What the contract says: the Python validator, first occurrence of an event wins (its
+    identity: ``event_id`` and ``event_time``, as the stream's and the backfill's dedup)."""
+    events: dict[tuple[str, datetime], Event] = {}
     quarantine: Counter[tuple[str, str | None, bytes | None]] = Counter()
     late = duplicates = 0
     for s in sent:
@@ -152,14 +154,14 @@ def expected_outcome(sent: list[Sent]) -> Expected:
         verdict = validate_event(s.value, now=now, key=s.key, check_key=True)
         if not isinstance(verdict, Event):
             quarantine[(verdict.reason.value, verdict.field, s.value or None)] += 1
-        elif verdict.event_id in events:
+        elif (verdict.event_id, verdict.event_time) in events:
             duplicates += 1
         elif s.late:
             late += 1
             quarantine[("late_event", "event_time", s.value)] += 1
-            events[verdict.event_id] = None  # type: ignore[assignment]  # seen, not stored
+            events[(verdict.event_id, verdict.event_time)] = None  # type: ignore[assignment]  # seen, not stored
         else:
-            events[verdict.event_id] = verdict
+            events[(verdict.event_id, verdict.event_time)] = verdict
     return Expected({k: v for k, v in events.items() if v is not None}, quarantine, late, duplicates)
 
 
@@ -210,10 +212,14 @@ def stream_settings(make_settings: Callable[..., Settings], tmp_path: Path, topi
     return make_settings(**values)
 
 
-def read_raw(spark: Any, settings: Settings) -> dict[str, dict[str, Any]]:
+def read_raw(spark: Any, settings: Settings) -> dict[tuple[str, datetime], dict[str, Any]]:
+    """The raw store's events by their identity (``event_id``, ``event_time``), each once."""
     from pipelines.offline_store import read_events
 
-    return {r["event_id"]: r.asDict() for r in read_events(spark, settings).collect()}
+    rows = read_events(spark, settings).collect()
+    raw = {(r["event_id"], r["event_time"].replace(tzinfo=UTC)): r.asDict() for r in rows}
+    assert len(raw) == len(rows), "an event is stored twice"
+    return raw
 
 
 def read_quarantine(spark: Any, settings: Settings) -> Counter[tuple[str, str | None, bytes | None]]:
@@ -232,8 +238,8 @@ def check_stores(spark: Any, settings: Settings, expected: Expected, *,
     assert set(raw) == set(expected.events), (
         f"missing {sorted(set(expected.events) - set(raw))[:5]}, "
         f"extra {sorted(set(raw) - set(expected.events))[:5]}")
-    for event_id, event in expected.events.items():
-        row = raw[event_id]
+    for identity, event in expected.events.items():
+        row = raw[identity]
         assert (row["event_type"], row["user_id"], row["item_id"], row["quantity"]) == (
             event.event_type, event.user_id, event.item_id, event.quantity)
         assert row["event_time"].replace(tzinfo=UTC) == event.event_time
@@ -373,11 +379,15 @@ def test_the_dedup_remembers_an_event_id_for_its_retention_and_not_twice_as_long
                                stream_dedup_retention_seconds=retention)
     create_topic(settings, topic)
 
+    first_seen: dict[str, datetime] = {}
+
     def one_batch(*event_ids: str) -> tuple[Any, float]:
-        """Send ``event_ids`` now and stream them in one batch: its figures and the time
-        the run ended (the batch's timestamp, the dedup's clock, is before it)."""
+        """Send ``event_ids`` now (an id sent before: the same record again, a copy) and
+        stream them in one batch: its figures and the time the run ended (the batch's
+        timestamp, the dedup's clock, is before it)."""
         stamp = datetime.now(UTC)
-        produce(settings, [Sent(b"u-dedup", _event(e, stamp, user="u-dedup"), _ms(stamp))
+        produce(settings, [Sent(b"u-dedup", _event(e, first_seen.setdefault(e, stamp),
+                                                   user="u-dedup"), _ms(stamp))
                            for e in event_ids])
         history = run_stream(settings, StreamOptions(stop="available_now"), spark=spark).history
         assert [m.input_rows for m in history] == [len(event_ids)]

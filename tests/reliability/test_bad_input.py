@@ -4,7 +4,8 @@ reason, duplicates counted once, the job keeps going, the counts exact.
 The corpus is ``tests/corpus.py`` (56 cases, shared with the validators' tests) plus the
 kinds only a running stream can see: a null Kafka key, a very large string, far-future
 and epoch-overflow times, duplicated event ids (the same record replayed, and another
-payload under an id already seen), all sent ``COPIES`` times each, in two waves produced
+payload under an id already seen), an id reused at another event time (a different event:
+the dedup's identity is the id and the event time, as in the backfill), all sent ``COPIES`` times each, in two waves produced
 while one streaming query runs (the second wave only after the first one is processed,
 so the query has to survive the first wave's garbage).
 
@@ -107,7 +108,8 @@ def wave(n: int) -> list[tuple[str, Sent]]:
 
 
 def duplicates(first: list[tuple[str, Sent]]) -> list[tuple[str, Sent]]:
-    """Replays of wave 1's valid events, and other payloads under ids it already used."""
+    """Replays of wave 1's valid events, other payloads under ids it already used, and ids
+    it used again at another event time (different events, to be stored)."""
     valid = [s for _, s in first
              if isinstance(validate_event(s.value, now=NOW, key=s.key, check_key=True), Event)]
     out = [("dup_replayed", s) for s in valid[: 3 * COPIES]]
@@ -115,6 +117,10 @@ def duplicates(first: list[tuple[str, Sent]]) -> list[tuple[str, Sent]]:
         doc = json.loads(s.value or b"")
         doc.update(item_id="other-item", event_type="view")
         out.append(("dup_other_payload", Sent(s.key, json.dumps(doc).encode(), TS)))
+    for s in valid[5 * COPIES: 6 * COPIES]:
+        doc = json.loads(s.value or b"")
+        doc.update(event_time="2024-06-01T11:58:30Z")  # wave 1's are at 11:57 and 11:58
+        out.append(("id_reused_other_time", Sent(s.key, json.dumps(doc).encode(), TS)))
     return out
 
 
@@ -144,13 +150,13 @@ def test_every_bad_kind_is_quarantined_by_the_running_stream(
 
     # what each kind should give, by the contract's Python validator
     verdicts: dict[str, Counter[str]] = {}
-    seen: set[str] = set()
+    seen: set[tuple[str, datetime]] = set()
     for kind, s in first + second:
         v = validate_event(s.value, now=datetime.fromtimestamp(s.ts_ms / 1000, tz=UTC),
                            key=s.key, check_key=True)
         if isinstance(v, Event):
-            label = "duplicate" if v.event_id in seen else "stored"
-            seen.add(v.event_id)
+            label = "duplicate" if (v.event_id, v.event_time) in seen else "stored"
+            seen.add((v.event_id, v.event_time))
         else:
             label = str(v)
         verdicts.setdefault(kind, Counter())[label] += 1
@@ -168,6 +174,7 @@ def test_every_bad_kind_is_quarantined_by_the_running_stream(
     assert verdicts["deep_json"] == Counter(invalid_json=SENT)
     assert verdicts["dup_replayed"] == Counter(duplicate=3 * COPIES)
     assert verdicts["dup_other_payload"] == Counter(duplicate=2 * COPIES)
+    assert verdicts["id_reused_other_time"] == Counter(stored=COPIES)
 
     queries: list[Any] = []
     failure: list[BaseException] = []

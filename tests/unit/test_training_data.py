@@ -80,15 +80,17 @@ def test_read_kafka_record_file_applies_the_event_contract(tmp_path: Path) -> No
     del view["price"]
     no_price = {**good, "event_id": "e3"}
     del no_price["price"]
+    reused = {**good, "event_time": "2026-11-01T00:01:00Z"}  # the id again, later: another event
     payloads = [json.dumps(good).encode(), json.dumps(view).encode(), json.dumps(good).encode(),  # duplicate
-                b"{not json", b"\xff\xfe", json.dumps(no_price).encode()]
+                b"{not json", b"\xff\xfe", json.dumps(no_price).encode(), json.dumps(reused).encode()]
     path = tmp_path / "records.jsonl"
     path.write_text("".join(json.dumps({"key": "u1", "value": base64.b64encode(p).decode()}) + "\n"
                             for p in payloads))
     inter = read_interactions_file(path, weights=WEIGHTS)
     assert inter.frame[["item_id", "event_type", "weight"]].values.tolist() == [["i1", "purchase", 5.0],
-                                                                                 ["i2", "view", 1.0]]
-    assert inter.source.rows_read == 6
+                                                                                 ["i2", "view", 1.0],
+                                                                                 ["i1", "purchase", 5.0]]
+    assert inter.source.rows_read == 7
     assert dict(inter.source.rows_dropped) == {
         "contract:invalid_json": 1, "contract:invalid_encoding": 1, "contract:missing_price:price": 1,
         "duplicate_event_id": 1}
