@@ -41,6 +41,7 @@ __all__ = [
     "FieldSpec",
     "FIELDS",
     "VALID_COLUMNS",
+    "EVENT_IDENTITY",
     "Event",
     "Rejection",
     "validate_event",
@@ -120,6 +121,11 @@ FIELDS: tuple[FieldSpec, ...] = (
 
 VALID_COLUMNS: tuple[str, ...] = tuple(f.name for f in FIELDS)
 """Columns of a validated event, in order (``event_time`` a UTC timestamp)."""
+
+EVENT_IDENTITY: tuple[str, ...] = ("event_id", "event_time")
+"""What makes two records one event, for every dedup (stream, Real-time, backfill, training):
+a copy (a producer's retry, a replayed range) carries both; an id reused at another time is
+another event."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from features.events import FIELDS, VALID_COLUMNS
+from features.events import EVENT_IDENTITY, FIELDS, VALID_COLUMNS
 from features.feast_layout import ITEM_STATS, USER_ACTIVITY
 from features.windows import LONG_WINDOW, WINDOW_SECONDS, features_over_time
 from pipelines import lineage, offline_store
@@ -225,7 +225,7 @@ def _read(
 
     events = events.persist()
     total = events.count()
-    events_unique = events.dropDuplicates(["event_id", "event_time"]).persist()
+    events_unique = events.dropDuplicates(list(EVENT_IDENTITY)).persist()
     counts["in_range"] = total
     counts["used"], digest = lineage.dataframe_digest(events_unique, VALID_COLUMNS)
     counts["duplicates"] = total - counts["used"]

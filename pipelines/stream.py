@@ -204,7 +204,8 @@ def checked_records(raw: DataFrame, settings: Settings) -> DataFrame:
 
 
 def dedup_key() -> Column:
-    """A valid event's identity in the dedup's state: its event time, then its id.
+    """A valid event's identity (:data:`features.events.EVENT_IDENTITY`) as the dedup's key:
+    its event time, then its id.
 
     ``e:`` + the event time in epoch microseconds as 16 hex digits + ``/`` + ``event_id``.
     The fixed-width time first makes RocksDB's keys (Spark stores the row's bytes, so a

@@ -342,7 +342,7 @@ def _read_record_file(
 
     import orjson
 
-    from features.events import Event, validate_event
+    from features.events import EVENT_IDENTITY, Event, validate_event
 
     payloads: list[bytes] = []
     with path.open("rb") as fh:
@@ -362,7 +362,7 @@ def _read_record_file(
     frame = pd.DataFrame(events)
     if not frame.empty:
         before = len(frame)
-        frame = frame.drop_duplicates(["event_id", "event_time"])
+        frame = frame.drop_duplicates(list(EVENT_IDENTITY))
         dropped["duplicate_event_id"] = before - len(frame)
         frame["event_time"] = pd.to_datetime(frame["event_time"], utc=True)
     else:

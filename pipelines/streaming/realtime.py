@@ -901,7 +901,7 @@ def realtime_tiles(spark: SparkSession, settings: Settings,
     """
     from pyspark.sql import functions as F
 
-    from features.events import VALID_COLUMNS
+    from features.events import EVENT_IDENTITY, VALID_COLUMNS
     from features.tiles import keyed_tiles
     from features.validation import with_verdict
     from pipelines.stream import RAW_COLUMNS
@@ -914,7 +914,7 @@ def realtime_tiles(spark: SparkSession, settings: Settings,
                            check_key=settings.stream_check_key)
     events = (checked.where(F.col("reason").isNull()).select(*VALID_COLUMNS)
               .withWatermark("event_time", f"{settings.feature_allowed_lateness_seconds} seconds")
-              .dropDuplicates(["event_id", "event_time"]))
+              .dropDuplicates(list(EVENT_IDENTITY)))
     tiles = keyed_tiles(events, slide_seconds=settings.feature_slide_seconds,
                         last_items_n=settings.feature_last_items_n)
     return tile_messages(tiles)

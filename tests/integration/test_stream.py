@@ -154,14 +154,16 @@ def expected_outcome(sent: list[Sent]) -> Expected:
         verdict = validate_event(s.value, now=now, key=s.key, check_key=True)
         if not isinstance(verdict, Event):
             quarantine[(verdict.reason.value, verdict.field, s.value or None)] += 1
-        elif (verdict.event_id, verdict.event_time) in events:
+            continue
+        identity = (verdict.event_id, verdict.event_time)
+        if identity in events:
             duplicates += 1
         elif s.late:
             late += 1
             quarantine[("late_event", "event_time", s.value)] += 1
-            events[(verdict.event_id, verdict.event_time)] = None  # type: ignore[assignment]  # seen, not stored
+            events[identity] = None  # type: ignore[assignment]  # seen, not stored
         else:
-            events[(verdict.event_id, verdict.event_time)] = verdict
+            events[identity] = verdict
     return Expected({k: v for k, v in events.items() if v is not None}, quarantine, late, duplicates)
 
 

@@ -5,8 +5,8 @@ The corpus is ``tests/corpus.py`` (56 cases, shared with the validators' tests) 
 kinds only a running stream can see: a null Kafka key, a very large string, far-future
 and epoch-overflow times, duplicated event ids (the same record replayed, and another
 payload under an id already seen), an id reused at another event time (a different event:
-the dedup's identity is the id and the event time, as in the backfill), all sent ``COPIES`` times each, in two waves produced
-while one streaming query runs (the second wave only after the first one is processed,
+the dedup's identity is the id and the event time, as in the backfill), all sent
+``COPIES`` times each, in two waves produced while one streaming query runs (the second wave only after the first one is processed,
 so the query has to survive the first wave's garbage).
 
 The null Kafka key: the contract says key = user_id (``stream_check_key``, on by default),
