@@ -69,13 +69,15 @@ def _topic(settings: Any, name: str) -> None:
         admin.close()
 
 
-def traffic(users: int | None = None, items: int | None = None) -> Any:
+def traffic(users: int | None = None, items: int | None = None,
+            random_ids: bool = False) -> Any:
     """The generator's config of the bench's traffic: the generator's store by default
-    (10,000 users, 2,000 items), or one of the given size."""
+    (10,000 users, 2,000 items), or one of the given size; ``random_ids``: UUIDv4 event
+    ids instead of sequence numbers."""
     from pipelines.clickstream_model import GeneratorConfig
 
     sizes = {k: v for k, v in (("users", users), ("items", items)) if v}
-    return GeneratorConfig(seed=11, bad_fraction=0.02, **sizes)
+    return GeneratorConfig(seed=11, bad_fraction=0.02, random_ids=random_ids, **sizes)
 
 
 def _backlog(settings: Any, topic: str, count: int, config: Any = None,
@@ -669,6 +671,8 @@ def main(argv: list[str] | None = None) -> BenchResult:
                         help="users in the backlogs' store (default the generator's 10,000)")
     parser.add_argument("--items", type=int, default=None,
                         help="items in the backlogs' store (default the generator's 2,000)")
+    parser.add_argument("--random-ids", action="store_true",
+                        help="UUIDv4 event ids, as real clients send (default: sequence numbers)")
     parser.add_argument("--event-rate", type=float, default=None,
                         help="events per second of event time in the backlogs (default the "
                              "generator's 1,000): a fast stream's backlog spans fewer tiles")
@@ -701,7 +705,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
         value = getattr(args, name)
         if value is not None and value <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {value}")
-    store = traffic(args.users, args.items)
+    store = traffic(args.users, args.items, args.random_ids)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pipelines.infra import KafkaBroker, RedisServer
@@ -719,10 +723,13 @@ def main(argv: list[str] | None = None) -> BenchResult:
     try:
         event_rate = args.event_rate or store.nominal_rate
         shape = (f"{store.users:,} users, {store.items:,} items, event time at "
-                 f"{event_rate:,.0f} events/s")
-        _say(f"backlog of {events:,} events ({shape}); Spark {settings.spark_master}")
-        result.notes.append(f"backlogs' traffic: {shape} (--users, --items, --event-rate); each "
+                 f"{event_rate:,.0f} events/s, "
+                 f"{'UUIDv4' if store.random_ids else 'sequential'} event ids")
+        _say(f"backlog of {events:,} events ({shape}); Spark {settings.spark_master}; "
+             f"dedup {settings.stream_dedup}")
+        result.notes.append(f"backlogs' traffic: {shape} (--users, --items, --event-rate, --random-ids); each "
                             "micro-batch rewrites the features of every user and item it touched")
+        result.notes.append(f"shopstream's dedup: SHOPSTREAM_STREAM_DEDUP={settings.stream_dedup}")
         if drains > 1:
             result.notes.append(
                 f"each system drains its backlog {drains} times in a row in its warm driver "

@@ -220,7 +220,7 @@ def with_verdict(raw: DataFrame, now: Column | datetime | None = None, check_key
     ``SQLConf`` on the executor to do it: 37 % of the samples in a JFR profile of the
     validation alone (a field's text from ``to_json``, or a second parse with
     ``from_json``, cost as much). So when the session has :data:`CONTRACT_FIELDS_FUNCTION`
-    (a small Java class the project compiles, :mod:`pipelines.infra.contract_jar`), the
+    (a small Java class the project compiles, :mod:`pipelines.infra.jvm_jar`), the
     document is parsed by Spark's own parser inside it and every field is read there in
     the same pass, through the variant's Java API: the same types and values, and a
     third less of the validation's CPU (400k records from memory to a ``noop`` sink,

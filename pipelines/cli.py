@@ -115,7 +115,7 @@ def infra_status() -> None:
 @infra_app.command("jars")
 def infra_jars() -> None:
     """Resolve the Kafka broker's and Spark's Kafka connector jars from Maven Central, and
-    compile the contract-fields jar (all cached)."""
+    compile shopstream's jar (all cached)."""
     from pipelines import infra
 
     for name, version in infra.resolve_jars(load_settings()).items():
@@ -152,6 +152,7 @@ def generate(
     categories: Annotated[int, typer.Option(min=1, help="Number of categories.")] = 40,
     start_time: Annotated[str | None, typer.Option(help="Event time of the first event (ISO-8601); default now.")] = None,
     output: Annotated[Path | None, typer.Option(help="Write JSON lines to this file instead of Kafka.")] = None,
+    random_ids: Annotated[bool, typer.Option(help="Event ids as random UUIDv4s (default: a run tag and a sequence number).")] = False,
 ) -> None:
     """Send a synthetic store clickstream (Zipf popularity, sessions, conversions) to Kafka."""
     from pipelines.generate import GeneratorConfig, run_generate
@@ -159,6 +160,7 @@ def generate(
     settings = load_settings()
     config = GeneratorConfig(
         seed=seed, users=users, items=items, categories=categories, bad_fraction=bad_fraction,
+        random_ids=random_ids,
     )
     run_generate(settings, config, count=count, duration=duration, rate=rate,
                  start_time=start_time, output=output)

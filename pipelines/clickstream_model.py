@@ -43,6 +43,7 @@ from __future__ import annotations
 import hashlib
 import random
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -155,6 +156,11 @@ class GeneratorConfig:
         Share of records replaced by malformed ones (0..1).
     nominal_rate
         Simulated events per second when not paced by a real rate.
+    random_ids
+        Event ids as random UUIDv4 text (drawn from the seed and the run, so a re-run
+        re-sends the same ids) instead of the run's tag and a sequence number. Real
+        clients often send UUIDs; they do not sort in arrival order, which a state keyed
+        by the id feels. The events are otherwise the same.
     """
 
     seed: int = 42
@@ -163,6 +169,7 @@ class GeneratorConfig:
     categories: int = 40
     bad_fraction: float = 0.0
     nominal_rate: float = DEFAULT_NOMINAL_RATE
+    random_ids: bool = False
 
     def __post_init__(self) -> None:
         for name in ("users", "items", "categories"):
@@ -442,6 +449,8 @@ class ClickstreamModel:
         n_kinds = len(BAD_KINDS)
         ring: list[tuple[bytes, bytes]] = []
         id_prefix = f"{self.run_tag}-"
+        # the ids' own generator, so the traffic is the same with either kind of id
+        id_rng = random.Random(f"{self.run_tag}/ids") if self.config.random_ids else None
         seq = 0
         clock = 0.0
         mean_gap = 1000.0 / self.rate
@@ -477,8 +486,10 @@ class ClickstreamModel:
                     last_sec = sec
                     sec_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
                 seq += 1
+                event_id = (f"{id_prefix}{seq:010d}" if id_rng is None
+                            else str(uuid.UUID(int=id_rng.getrandbits(128), version=4)))
                 value = (
-                    f'{{"event_id":"{id_prefix}{seq:010d}","event_type":"{type_names[etype]}",'
+                    f'{{"event_id":"{event_id}","event_type":"{type_names[etype]}",'
                     f'"event_time":"{sec_text}.{t_ms % 1000:03d}Z",{fragment},{item_fragments[item]}'
                     f'{quantity_fragments[qty] if etype else ""}}}'
                 ).encode()

@@ -165,15 +165,20 @@ class Settings(BaseSettings):
     stream_starting_offsets: str = "earliest"
     checkpoint_dir: str | None = None
     """Default ``<data_dir>/checkpoints``; URI-capable."""
+    stream_dedup: Literal["bucketed", "spark"] = "bucketed"
+    """Which operator keeps the micro-batch stream's dedup state
+    (:mod:`pipelines.streaming.dedup`). ``bucketed``: shopstream's (a Java class in its
+    jar, built with the machine's ``javac``); its state expires a minute of event time at
+    a time, and a batch reads only what is due. ``spark``: Spark's
+    ``dropDuplicatesWithinWatermark``, which reads every remembered id every batch. Both
+    drop the same copies. A checkpoint keeps the operator it was started with."""
     stream_dedup_retention_seconds: int = Field(default=900, ge=1)
-    """How long (processing time) an event_id is remembered for deduplication: a copy
-    read by a batch less than this after the first is dropped; the id is evicted in the
-    first batch after one at least this much younger. So the state holds about
-    rate x this ids, and Spark reads all of them every micro-batch (0.23-0.38 us of task
-    time each while the state fills, about 0.5 us once ids expire every batch and the
-    scan walks their tombstones: docs/streaming-performance.md, "The dedup at a steady
-    state"): bounded, but not free. At full speed, 300 s held the job near 50k events/s
-    in a measured steady state; the default 900 s would hold it nearer 35k (extrapolated)."""
+    """How long (processing time) an event is remembered for deduplication: a copy read
+    by a batch less than this after the first is dropped. The state holds about
+    rate x this ids. With ``stream_dedup=spark`` every micro-batch reads all of them
+    (0.23-0.5 us of task time each: docs/streaming-performance.md, "The dedup at a
+    steady state"), so at full speed 300 s held the job near 50k events/s and 900 s
+    would hold it nearer 35k; the ``bucketed`` operator reads only what expires."""
     stream_mode: Literal["microbatch", "realtime"] = "microbatch"
     """``realtime``: the online path runs as a second query in Spark's Real-time Mode
     while the micro-batch query keeps feeding the Parquet sinks."""

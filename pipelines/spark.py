@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any
 
-from pipelines.infra.contract_jar import contract_fields_jar
+from pipelines.infra.jvm_jar import shopstream_jar
 from pipelines.settings import Settings
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bo
         from pipelines.infra.jars import spark_kafka_jars
 
         jars.extend(spark_kafka_jars(settings).jars)
-    contract = contract_fields_jar(settings)
+    contract = shopstream_jar(settings)
     if contract is not None:
         jars.append(contract)
     if jars:
@@ -160,7 +160,7 @@ def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bo
 
 def register_contract_fields(spark: SparkSession, class_name: str | None = None) -> bool:
     """Register :data:`features.validation.CONTRACT_FIELDS_FUNCTION` in ``spark`` (the Java
-    class of :mod:`pipelines.infra.contract_jar`, given the contract's fields); the
+    class of :mod:`pipelines.infra.jvm_jar`, given the contract's fields); the
     validation then reads the fields with it. False, with a warning, when the session's
     JVM does not have the class (a session started before, without the jar): the
     validation then reads them with Spark's own expressions, to the same verdicts."""
@@ -169,7 +169,7 @@ def register_contract_fields(spark: SparkSession, class_name: str | None = None)
     from py4j.protocol import Py4JError
 
     from features.validation import CONTRACT_FIELDS_FUNCTION, contract_fields_arguments
-    from pipelines.infra.contract_jar import CONTRACT_FIELDS_CLASS
+    from pipelines.infra.jvm_jar import CONTRACT_FIELDS_CLASS
 
     class_name = class_name or CONTRACT_FIELDS_CLASS
     names, wants_text, wants_number, struct = contract_fields_arguments()

@@ -60,6 +60,13 @@ from pipelines.signals import GracefulStop
 from pipelines.spark import STREAM_POOL, inheriting, scheduler_pool
 from pipelines.stream_metrics import BatchStats, MetricsRecorder, ProgressListener, caught_up_of
 from pipelines.stream_state import BatchLog, BatchRecord, release
+from pipelines.streaming.dedup import (
+    check_checkpoint,
+    dedup_key,
+    dedup_watermark_delay,
+    deduplicated,
+    stamped,
+)
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -95,7 +102,6 @@ RAW_COLUMNS: tuple[str, ...] = ("key", "value", "topic", "partition", "offset", 
 BATCH_COLUMN = "batch_id"
 """Extra partition level of the raw events and quarantine written by the stream: a
 replayed batch overwrites exactly its own files (dynamic partition overwrite)."""
-_DEDUP_KEY = "_dedup_key"
 DAEMON_MODULE = "pipelines.streaming.daemon"
 """Python daemon with the executors' imports preloaded (see that module)."""
 _EVENT_COLUMNS: tuple[str, ...] = (
@@ -166,71 +172,17 @@ def checked_records(raw: DataFrame, settings: Settings) -> DataFrame:
     * the future-timestamp rule compares ``event_time`` with the record's Kafka
       timestamp (when it was produced): part of the data, so a replay gives the
       same verdict, and the same rule as the Real-time path's;
+    * ``ingest_time`` is the micro-batch's timestamp (:func:`pipelines.streaming.dedup.stamped`);
     * valid records are deduplicated by ``event_id`` and ``event_time`` (a copy of an
-      event carries both; see :func:`dedup_key`; invalid ones by their Kafka
-      coordinates, i.e. never), with ``dropDuplicatesWithinWatermark`` over
-      a watermark on ``ingest_time``, the micro-batch's timestamp
-      (``current_timestamp()``, kept in the offset log, so a replay sees the same):
-      a batch's own timestamp is never behind the watermark, so no row is ever
-      dropped as late here. The watermark's delay is *half* the retention: Spark
-      stores an id with an expiry of its batch's time + the delay and evicts it once
-      the watermark (the newest batch's time - the delay) passes that, so an id is
-      remembered until a batch ``stream_dedup_retention_seconds`` younger has run,
-      and evicted in the batch after it. With the whole retention as the delay it
-      lived twice as long, and Spark's eviction pass, which reads every state row
-      in every batch, read twice as many;
-    * ``ingest_time`` and its watermark come first, on the raw rows: the batch's
-      timestamp is a literal in the generated code, and there it sits in a stage of
-      its own, so the (large) validation projection after it has no per-batch literal
-      and is compiled once, not every batch. The watermark operator does not keep
-      its input's partitioning (Spark 4.3's ``EventTimeWatermarkExec``), so with it
-      after the repartition Spark shuffled every batch a second time for the dedup;
-      now the dedup reads the repartition by its key directly.
+      event carries both; invalid ones by their Kafka coordinates, i.e. never), for
+      ``stream_dedup_retention_seconds`` of processing time, by the operator
+      ``stream_dedup`` names (:mod:`pipelines.streaming.dedup`).
     """
     from pyspark.sql import functions as F
 
-    stamped = (raw.select(*RAW_COLUMNS, F.current_timestamp().alias("ingest_time"))
-               .withWatermark("ingest_time", dedup_watermark_delay(settings)))
-    checked = with_verdict(stamped, now=F.col("timestamp"), check_key=settings.stream_check_key)
-    coordinates = F.concat_ws("/", F.lit("k"), F.col("topic"), F.col("partition").cast("string"),
-                              F.col("offset").cast("string"))
-    key = F.when(F.col("reason").isNull(), dedup_key()).otherwise(coordinates)
-    partitions = int(raw.sparkSession.conf.get("spark.sql.shuffle.partitions"))
-    return (
-        checked.withColumn(_DEDUP_KEY, key)
-        .repartition(partitions, _DEDUP_KEY)
-        .dropDuplicatesWithinWatermark([_DEDUP_KEY])
-    )
-
-
-def dedup_key() -> Column:
-    """A valid event's identity (:data:`features.events.EVENT_IDENTITY`) as the dedup's key:
-    its event time, then its id.
-
-    ``e:`` + the event time in epoch microseconds as 16 hex digits + ``/`` + ``event_id``.
-    The fixed-width time first makes RocksDB's keys (Spark stores the row's bytes, so a
-    string key sorts by its text) follow the event time whatever the ids look like, so a
-    batch's new ids land near each other and the ids that expire together lie together.
-    With random ids (a UUIDv4, say) and the id alone as the key, the dedup's updates took
-    about 40 % more task time at a steady state; with the time first, as much as with
-    sequential ids (docs/streaming-performance.md, "The dedup's key"). A copy of an event
-    (a producer's retry, a replayed range) carries the same id and time, so it is caught
-    as before; a record that reuses an id with another event time is a different event,
-    as in the Real-time path's ``dropDuplicates(event_id, event_time)`` and the backfill.
-    """
-    from pyspark.sql import functions as F
-
-    micros = F.lpad(F.hex(F.unix_micros(F.col("event_time"))), 16, "0")
-    return F.concat(F.lit("e:"), micros, F.lit("/"), F.col("event_id"))
-
-
-def dedup_watermark_delay(settings: Settings) -> str:
-    """The ``withWatermark`` delay that makes the dedup remember an id for the retention.
-
-    Half of it, in milliseconds (an odd number of seconds halves exactly): see
-    :func:`checked_records`.
-    """
-    return f"{settings.stream_dedup_retention_seconds * 500} milliseconds"
+    checked = with_verdict(stamped(raw, settings, RAW_COLUMNS), now=F.col("timestamp"),
+                           check_key=settings.stream_check_key)
+    return deduplicated(checked, settings)
 
 
 def _epoch_us(ts: datetime) -> int:
@@ -609,6 +561,7 @@ def start_stream(spark: SparkSession, settings: Settings, options: StreamOptions
     default ``stream_trigger_seconds`` (:func:`trigger_seconds_of`).
     """
     checkpoint = query_checkpoint(settings)
+    check_checkpoint(spark, checkpoint, settings)
     records = checked_records(read_kafka(spark, settings), settings)
     if processor is None:
         processor = BatchProcessor(settings, checkpoint, recorder, online=options.online,

@@ -15,8 +15,9 @@ need_apt=()
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
-# javac compiles the project's one Java class (pipelines/infra/jvm), which reads the
-# events' fields for the validation; without it the validation is slower, not wrong
+# javac compiles the project's Java classes (pipelines/infra/jvm): the validation's field
+# reader (without it slower, not wrong) and the stream's dedup (without it the stream
+# needs SHOPSTREAM_STREAM_DEDUP=spark)
 command -v javac >/dev/null 2>&1 || need_apt+=(openjdk-17-jdk-headless)
 if ((${#need_apt[@]})); then
   if [ "$(id -u)" = 0 ]; then
@@ -48,7 +49,7 @@ else
   log "python packages up to date ($VENV)"
 fi
 
-# --- JVM jars (Kafka broker, Spark's Kafka connector, the contract-fields jar) -
+# --- JVM jars (Kafka broker, Spark's Kafka connector, shopstream's jar) -
 log "resolving and building JVM jars (cached under ~/.cache/shopstream)"
 "$VENV/bin/shopstream" infra jars
 log "ready"

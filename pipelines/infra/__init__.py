@@ -9,8 +9,8 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
-from pipelines.infra.contract_jar import contract_fields_jar
 from pipelines.infra.jars import kafka_broker_jars, spark_kafka_jars
+from pipelines.infra.jvm_jar import shopstream_jar
 from pipelines.infra.kafka_broker import KafkaBroker
 from pipelines.infra.redis_server import RedisServer
 from pipelines.settings import Settings
@@ -20,13 +20,13 @@ __all__ = ["up", "down", "status", "resolve_jars", "KafkaBroker", "RedisServer"]
 
 def resolve_jars(settings: Settings) -> dict[str, str]:
     """Resolve (or find cached) the broker's and Spark's Kafka jars, and build the
-    contract-fields jar; returns name -> version (the jar's file name for the last, or
+    shopstream's jar; returns name -> version (the jar's file name for the last, or
     ``not built (no javac)``)."""
     broker = kafka_broker_jars(settings)
     spark = spark_kafka_jars(settings)
-    contract = contract_fields_jar(settings)
+    contract = shopstream_jar(settings)
     return {"kafka-broker": broker.version, "spark-sql-kafka": spark.version,
-            "contract-fields": contract.name if contract is not None else "not built (no javac)"}
+            "shopstream-jvm": contract.name if contract is not None else "not built (no javac)"}
 
 
 def up(settings: Settings, *, kafka: bool = True, redis: bool = True) -> None:

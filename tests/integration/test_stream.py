@@ -365,20 +365,24 @@ def test_stream_writes_each_store_exactly(
     assert {"user_id", "event_timestamp", "created", "views_1h"} <= set(snap.columns)
 
 
-def test_the_dedup_remembers_an_event_id_for_its_retention_and_not_twice_as_long(
+@pytest.mark.parametrize("dedup", ["bucketed", "spark"])
+def test_the_dedup_remembers_an_event_for_its_retention_and_then_forgets_it(
     make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any, spark: Any,
-    tmp_path: Path,
+    tmp_path: Path, dedup: str,
 ) -> None:
-    """``SHOPSTREAM_STREAM_DEDUP_RETENTION_SECONDS`` is what a user tunes the state's size with
-    (Spark reads every id in every batch): a copy within it is dropped, and the id is
-    evicted in the batch after the first one a retention younger, as the setting says."""
+    """``SHOPSTREAM_STREAM_DEDUP_RETENTION_SECONDS`` is how long a copy is caught, with either
+    operator: a copy within it is dropped; once it has passed, the event's state is
+    expired (by the first batch after it with the bucketed operator, by the batch after
+    the first one a retention younger with Spark's, as the setting says), and a copy is
+    then a new event. Not twice as long: with the whole retention as Spark's watermark
+    delay an id was remembered for another retention."""
     from pipelines.offline_store import read_events
     from pipelines.stream import StreamOptions, run_stream
 
     retention = 20
-    topic = f"dedup.{tmp_path.name[-20:]}".replace("_", "-")
+    topic = f"dedup.{dedup}.{tmp_path.name[-20:]}".replace("_", "-")
     settings = stream_settings(make_settings, tmp_path, topic,
-                               stream_dedup_retention_seconds=retention)
+                               stream_dedup_retention_seconds=retention, stream_dedup=dedup)
     create_topic(settings, topic)
 
     first_seen: dict[str, datetime] = {}
@@ -395,24 +399,53 @@ def test_the_dedup_remembers_an_event_id_for_its_retention_and_not_twice_as_long
         assert [m.input_rows for m in history] == [len(event_ids)]
         return history[0], time.time()
 
-    _, first_end = one_batch("e-1")
+    first, first_end = one_batch("e-1")
     copy, copy_end = one_batch("e-1")
     assert copy_end - first_end < retention - 5, "the machine was too slow for this test"
-    assert copy.duplicates_dropped == 1 and copy.state_rows == 1
+    assert copy.duplicates_dropped == 1 and copy.state_rows == first.state_rows > 0
 
-    # a batch a retention after the first moves the watermark; the one after it evicts
+    # a batch a retention after the first
     time.sleep(max(0.0, first_end + retention + 0.5 - time.time()))
     moved, _ = one_batch("e-2")
-    assert moved.state_rows_removed == 0 and moved.state_rows == 2
     evicting, _ = one_batch("e-3")
-    assert evicting.state_rows_removed == 1 and evicting.state_rows == 2
+    if dedup == "spark":  # it moves the watermark; the one after it evicts
+        assert moved.state_rows_removed == 0 and moved.state_rows == 2
+        assert evicting.state_rows_removed == 1 and evicting.state_rows == 2
+    else:  # e-1's group was due: expired whole, its id with it
+        assert moved.state_rows_removed > 0 and evicting.state_rows_removed == 0
+        assert moved.state_evict_s is not None
 
-    # forgotten: a copy now is a new event (with the whole retention as Spark's watermark
-    # delay it was remembered for another retention)
+    # forgotten: a copy now is a new event
     again, _ = one_batch("e-1")
     assert again.duplicates_dropped == 0
     stored = [r["event_id"] for r in read_events(spark, settings).select("event_id").collect()]
     assert sorted(stored) == ["e-1", "e-1", "e-2", "e-3"]
+
+
+def test_a_checkpoint_keeps_the_dedup_it_was_started_with(
+    make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any, spark: Any,
+    tmp_path: Path,
+) -> None:
+    """The two operators' states are not interchangeable: restarting a checkpoint with the
+    other one is refused before Spark reads the state, with the setting to change."""
+    from pipelines.stream import StreamOptions, run_stream
+    from pipelines.streaming.dedup import DedupMismatch
+
+    topic = f"dedup-switch.{tmp_path.name[-20:]}".replace("_", "-")
+    settings = stream_settings(make_settings, tmp_path, topic)
+    create_topic(settings, topic)
+    now = datetime.now(UTC)
+    produce(settings, [Sent(b"u1", _event("s-1", now, user="u1"), _ms(now))])
+    assert settings.stream_dedup == "bucketed"
+    history = run_stream(settings, StreamOptions(stop="available_now"), spark=spark).history
+    assert sum(m.input_rows for m in history) == 1
+
+    switched = settings.model_copy(update={"stream_dedup": "spark"})
+    with pytest.raises(DedupMismatch, match="written with SHOPSTREAM_STREAM_DEDUP=bucketed"):
+        run_stream(switched, StreamOptions(stop="available_now"), spark=spark)
+    # the same operator resumes where it stopped
+    again = run_stream(settings, StreamOptions(stop="available_now"), spark=spark).history
+    assert sum(m.input_rows for m in again) == 0
 
 
 def _env(settings: Settings) -> dict[str, str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import io
 import random
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -146,6 +147,31 @@ def test_generate_same_seed_same_bytes() -> None:
     assert a == b
     c = _records(5000, bad_fraction=0.1, seed=8)
     assert [r.value for r in a] != [r.value for r in c]
+
+
+def test_random_ids_are_uuids_of_the_same_traffic_and_a_rerun_sends_them_again() -> None:
+    """``--random-ids``: each valid event's id is a distinct UUIDv4, the same on a re-run,
+    and the traffic is otherwise the same (the same events, and copies and malformed
+    records in the same places), so a comparison of the two kinds of id compares the ids."""
+    sequential = _records(5000, bad_fraction=0.1)
+    random_ids = _records(5000, bad_fraction=0.1, random_ids=True)
+    assert random_ids == _records(5000, bad_fraction=0.1, random_ids=True)
+    # the same records are malformed in the same way (the field a corruption picks may
+    # differ: the picking draws depend on the record's text)
+    assert ([r.label and r.label.split(":")[0] for r in random_ids]
+            == [r.label and r.label.split(":")[0] for r in sequential])
+    assert [r.time_ms for r in random_ids] == [r.time_ms for r in sequential]
+    valid = [(orjson.loads(a.value), orjson.loads(b.value))
+             for a, b in zip(sequential, random_ids, strict=True) if a.label is None]
+    ids = [b["event_id"] for _, b in valid]
+    assert len(set(ids)) == len(ids) > 4000
+    assert all(uuid.UUID(i).version == 4 and str(uuid.UUID(i)) == i for i in ids)
+    assert ids != sorted(ids), "random ids came out in order"
+    for a, b in valid:
+        assert {**a, "event_id": None} == {**b, "event_id": None}
+    # a copy carries its original's random id, as it carried the sequence number
+    originals = {r.value for r in random_ids if r.label is None}
+    assert all(r.value in originals for r in random_ids if r.label == "duplicate")
 
 
 def test_generate_output_file_is_byte_identical(settings: Settings, tmp_path: Path) -> None:

@@ -70,6 +70,23 @@ def test_record_joins_batch_stats_with_spark_progress(settings: Settings) -> Non
     assert recorder.totals.late == 3 and recorder.totals.batches == 1
 
 
+def test_the_bucketed_dedups_expiry_is_its_due_timers_task_time(settings: Settings) -> None:
+    """``transformWithState`` reports no eviction pass: what the bucketed dedup spends
+    expiring is its timers' processing (a custom metric), and that is ``state_evict_s``."""
+    recorder = MetricsRecorder(settings, _client=DownRedis())
+    recorder.record_batch(_stats())
+    progress = _progress()
+    progress["stateOperators"] = [{
+        "operatorName": "transformWithStateExec", "numRowsTotal": 2_000_000,
+        "allUpdatesTimeMs": 11_000, "allRemovalsTimeMs": 0, "numRowsRemoved": 1_000_000,
+        "customMetrics": {"timerProcessingTimeMs": 3_500, "numExpiredTimers": 64}}]
+    metrics = recorder.on_progress(progress)
+    assert metrics is not None
+    assert (metrics.state_update_s, metrics.state_evict_s, metrics.state_rows_removed) == (
+        11.0, 3.5, 1_000_000)
+    assert "evict 3.50s" in format_batch_line(metrics)
+
+
 def test_a_batch_without_state_timings_reports_none_not_zero(settings: Settings) -> None:
     """Spark leaves the dedup's timings out when it has none to give (a query without a
     stateful operator): the figures say unknown, and the line and the textfile leave them out."""
@@ -88,8 +105,10 @@ def test_an_eviction_pass_that_dominates_batches_is_warned_about_once(
         settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
     """A pass over 18M state rows (5 s of task time in a 4 s batch on two tasks): one
     WARNING naming the setting and the figures; the next such batch, minutes before the
-    next warning is due, stays at INFO; a pass that is a small share warns never."""
-    recorder = MetricsRecorder(settings, _client=DownRedis())
+    next warning is due, stays at INFO; a pass that is a small share warns never, and
+    neither does the bucketed operator, which has no such pass."""
+    spark_dedup = settings.model_copy(update={"stream_dedup": "spark"})
+    recorder = MetricsRecorder(spark_dedup, _client=DownRedis())
     big = _progress(batch_id=1)
     big["batchDuration"] = 4000
     big["stateOperators"] = [{"numRowsTotal": 18_000_000, "allRemovalsTimeMs": 5000,
@@ -103,15 +122,20 @@ def test_an_eviction_pass_that_dominates_batches_is_warned_about_once(
     assert warnings == [
         "batch 1: the dedup's eviction pass read all 18,000,000 state rows in 5.0s of task "
         "time, 62% of the batch's: it grows with the input rate x "
-        "SHOPSTREAM_STREAM_DEDUP_RETENTION_SECONDS (900 s). A shorter retention, or larger "
+        "SHOPSTREAM_STREAM_DEDUP_RETENTION_SECONDS (900 s). SHOPSTREAM_STREAM_DEDUP=bucketed "
+        "(on a new checkpoint) reads only what expires; a shorter retention, or larger "
         "batches (SHOPSTREAM_STREAM_MAX_OFFSETS_PER_TRIGGER), make it a smaller part"]
 
     caplog.clear()
-    quiet = MetricsRecorder(settings, _client=DownRedis())
+    quiet = MetricsRecorder(spark_dedup, _client=DownRedis())
     small = {**big, "batchId": 3, "batchDuration": 12000}  # 5 s of 24 s: under a quarter
+    bucketed = MetricsRecorder(settings, _client=DownRedis())
     with caplog.at_level(logging.INFO, logger="pipelines.stream_metrics"):
         quiet.record_batch(_stats(3))
         quiet.on_progress(small)
+        bucketed.record_batch(_stats(4))
+        bucketed.on_progress({**big, "batchId": 4})
+    assert settings.stream_dedup == "bucketed"
     assert not [r for r in caplog.records if "eviction" in r.getMessage()]
 
 

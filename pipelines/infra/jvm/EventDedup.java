@@ -1,0 +1,134 @@
+package shopstream;
+
+import java.util.NoSuchElementException;
+
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Encoders;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.streaming.ExpiredTimerInfo;
+import org.apache.spark.sql.streaming.MapState;
+import org.apache.spark.sql.streaming.OutputMode;
+import org.apache.spark.sql.streaming.StatefulProcessor;
+import org.apache.spark.sql.streaming.TTLConfig;
+import org.apache.spark.sql.streaming.TimeMode;
+import org.apache.spark.sql.streaming.TimerValues;
+import org.apache.spark.sql.streaming.ValueState;
+import org.apache.spark.sql.types.StructType;
+
+/**
+ * The stream's deduplication, with state that expires without being read whole
+ * (pipelines/streaming/dedup.py builds its input; docs/streaming-performance.md,
+ * "A dedup that expires by the bucket").
+ *
+ * <p>Why it exists: Spark's dropDuplicatesWithinWatermark keeps one state row per id and,
+ * every micro-batch, reads all of them to find the expired ones. The state holds
+ * rate x retention ids, so at full speed and the default retention each batch read tens
+ * of millions of rows to expire one batch's worth. Here the ids are grouped by a bucket
+ * of their event time and a shard of their id (the group column): an event's copy has
+ * the same id and event time, so it lands in the same group. Each group keeps its ids in
+ * a MapState and one processing-time timer, set to the batch's time + the retention
+ * whenever a batch adds an id to the group. Spark keeps timers ordered by their time, so a batch
+ * reads only the timers that are due, and a due group drops its ids with one prefix scan
+ * of its own entries. An id is remembered at least the retention after the batch that
+ * read it (longer while its group keeps receiving new ids: late events of an old bucket),
+ * and is expired by the first batch at or after its group's time.
+ *
+ * <p>Rows whose group starts with {@code k/} are never duplicates (the invalid records,
+ * keyed by their Kafka coordinates): they pass through without state. The batch's time
+ * is Spark's (kept in the offset log), so a replayed batch sets the same timers.
+ */
+public final class EventDedup extends StatefulProcessor<String, Row, Row> {
+  private static final long serialVersionUID = 1L;
+
+  private final int keyOrdinal;
+  private final long retentionMs;
+  private transient MapState<String, Boolean> seen;
+  private transient ValueState<Long> expiry;
+
+  private EventDedup(int keyOrdinal, long retentionMs) {
+    this.keyOrdinal = keyOrdinal;
+    this.retentionMs = retentionMs;
+  }
+
+  /** {@code df} without the copies: rows grouped by {@code groupCol}, identified by
+   *  {@code keyCol} (both strings); the result has {@code df}'s schema. */
+  public static Dataset<Row> apply(Dataset<Row> df, String keyCol, String groupCol,
+                                   long retentionMs) {
+    StructType schema = df.schema();
+    return df.groupBy(df.col(groupCol))
+        .as(Encoders.STRING(), Encoders.row(schema))
+        .transformWithState(new EventDedup(schema.fieldIndex(keyCol), retentionMs),
+            TimeMode.ProcessingTime(), OutputMode.Append(), Encoders.row(schema));
+  }
+
+  @Override
+  public void init(OutputMode outputMode, TimeMode timeMode) {
+    seen = getHandle().getMapState("seen", Encoders.STRING(), Encoders.BOOLEAN(),
+        TTLConfig.NONE());
+    expiry = getHandle().getValueState("expiry", Encoders.LONG(), TTLConfig.NONE());
+  }
+
+  @Override
+  public scala.collection.Iterator<Row> handleInputRows(
+      String group, scala.collection.Iterator<Row> rows, TimerValues timers) {
+    if (group.startsWith("k/")) {
+      return rows;
+    }
+    final long at = timers.getCurrentProcessingTimeInMs() + retentionMs;
+    // Spark 4.3 consumes this iterator with the group's key set (TransformWithStateExec's
+    // iteratorWithImplicitKeySet), so the state is read and written as it goes
+    java.util.Iterator<Row> fresh = new java.util.Iterator<Row>() {
+      private Row next;
+      private boolean armed;
+
+      /** The group's timer at this batch's time + the retention, once per batch that
+       *  adds an id: a batch of copies alone does not extend what it remembers. */
+      private void arm() {
+        armed = true;
+        if (!expiry.exists()) {
+          getHandle().registerTimer(at);
+          expiry.update(at);
+        } else if (expiry.get() != at) {
+          getHandle().deleteTimer(expiry.get());
+          getHandle().registerTimer(at);
+          expiry.update(at);
+        }
+      }
+
+      @Override
+      public boolean hasNext() {
+        while (next == null && rows.hasNext()) {
+          Row row = rows.next();
+          String key = row.getString(keyOrdinal);
+          if (!seen.containsKey(key)) {
+            if (!armed) {
+              arm();
+            }
+            seen.updateValue(key, Boolean.TRUE);
+            next = row;
+          }
+        }
+        return next != null;
+      }
+
+      @Override
+      public Row next() {
+        if (!hasNext()) {
+          throw new NoSuchElementException();
+        }
+        Row row = next;
+        next = null;
+        return row;
+      }
+    };
+    return scala.jdk.javaapi.CollectionConverters.asScala(fresh);
+  }
+
+  @Override
+  public scala.collection.Iterator<Row> handleExpiredTimer(
+      String group, TimerValues timers, ExpiredTimerInfo info) {
+    seen.clear();
+    expiry.clear();
+    return scala.collection.Iterator$.MODULE$.empty();
+  }
+}

@@ -1,0 +1,182 @@
+"""The micro-batch stream's deduplication: which records are copies of one already read.
+
+An event's identity is its ``event_id`` and ``event_time``
+(:data:`features.events.EVENT_IDENTITY`): a copy (a producer's retry, a replayed range)
+carries both. Invalid records are keyed by their Kafka coordinates, so none is a copy.
+Two operators can keep the ids (``stream_dedup``):
+
+* ``bucketed`` (the default): shopstream's ``EventDedup`` (a Java ``StatefulProcessor``
+  for Spark's ``transformWithState``, built into shopstream's jar,
+  :mod:`pipelines.infra.jvm_jar`). Ids are grouped by a minute of their event time and a
+  shard of their id; each group expires as a whole through a timer, so a batch reads
+  only the groups that are due. Its cost per batch follows the batch, not the state.
+* ``spark``: Spark's ``dropDuplicatesWithinWatermark``, which reads every id in the state
+  every micro-batch to find the expired ones, so its cost grows with rate x retention
+  (docs/streaming-performance.md, "The dedup at a steady state").
+
+Both remember an id at least ``stream_dedup_retention_seconds`` of processing time after
+the batch that read it, and both drop the same copies within it. Their checkpoints'
+state differs: a query keeps the operator it was started with (:func:`check_checkpoint`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pipelines.settings import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+__all__ = [
+    "BUCKET_SECONDS",
+    "SHARDS",
+    "DedupMismatch",
+    "check_checkpoint",
+    "dedup_key",
+    "dedup_watermark_delay",
+    "deduplicated",
+    "stamped",
+]
+
+DEDUP_KEY = "_dedup_key"
+_GROUP = "_dedup_group"
+BUCKET_SECONDS = 60
+"""Event-time width of a ``bucketed`` group: a copy falls in its original's bucket, since
+it has the same event time. Part of the checkpoint's state, like :data:`SHARDS`."""
+SHARDS = 64
+"""Groups per bucket, by a hash of the id: enough to spread a minute's ids over the
+shuffle's partitions. Changing it (or the bucket) sends a copy to another group than
+its original, so it is a constant, not a setting: a new value needs a new checkpoint."""
+_INVALID_PREFIX = "k/"
+"""Group prefix of the records that are never copies (``EventDedup`` keeps no state
+for them)."""
+
+
+class DedupMismatch(RuntimeError):
+    """The checkpoint's state was written by the other dedup operator."""
+
+
+def dedup_key() -> Column:
+    """A valid event's identity (:data:`features.events.EVENT_IDENTITY`) as the dedup's key:
+    its event time, then its id.
+
+    ``e:`` + the event time in epoch microseconds as 16 hex digits + ``/`` + ``event_id``.
+    The fixed-width time first makes RocksDB's keys (Spark stores the row's bytes, so a
+    string key sorts by its text) follow the event time whatever the ids look like, so a
+    batch's new ids land near each other and the ids that expire together lie together.
+    With random ids (a UUIDv4, say) and the id alone as the key, Spark's dedup's updates
+    took about 40 % more task time at a steady state; with the time first, as much as with
+    sequential ids (docs/streaming-performance.md, "The dedup's key"). A copy of an event
+    (a producer's retry, a replayed range) carries the same id and time, so it is caught
+    as before; a record that reuses an id with another event time is a different event,
+    as in the Real-time path's ``dropDuplicates(event_id, event_time)`` and the backfill.
+    """
+    from pyspark.sql import functions as F
+
+    micros = F.lpad(F.hex(F.unix_micros(F.col("event_time"))), 16, "0")
+    return F.concat(F.lit("e:"), micros, F.lit("/"), F.col("event_id"))
+
+
+def dedup_watermark_delay(settings: Settings) -> str:
+    """The ``withWatermark`` delay that makes Spark's dedup remember an id for the retention.
+
+    Half of it, in milliseconds (an odd number of seconds halves exactly): Spark stores an
+    id with an expiry of its batch's time + the delay and evicts it once the watermark
+    (the newest batch's time - the delay) passes that, so an id is remembered until a
+    batch ``stream_dedup_retention_seconds`` younger has run, and evicted in the batch
+    after it. With the whole retention as the delay it lived twice as long, and the
+    eviction pass, which reads every state row in every batch, read twice as many.
+    """
+    return f"{settings.stream_dedup_retention_seconds * 500} milliseconds"
+
+
+def stamped(raw: DataFrame, settings: Settings, columns: tuple[str, ...]) -> DataFrame:
+    """Kafka's rows with ``ingest_time``, the micro-batch's timestamp
+    (``current_timestamp()``, kept in the offset log, so a replay sees the same).
+
+    For Spark's dedup, with a watermark on it: a batch's own timestamp is never behind
+    the watermark, so no row is ever dropped as late. The timestamp and its watermark come
+    first, on the raw rows: the timestamp is a literal in the generated code, and there it
+    sits in a stage of its own, so the (large) validation projection after it has no
+    per-batch literal and is compiled once, not every batch. The watermark operator does
+    not keep its input's partitioning (Spark 4.3's ``EventTimeWatermarkExec``), so after
+    the repartition Spark shuffled every batch a second time for the dedup.
+    """
+    from pyspark.sql import functions as F
+
+    rows = raw.select(*columns, F.current_timestamp().alias("ingest_time"))
+    if settings.stream_dedup == "spark":
+        rows = rows.withWatermark("ingest_time", dedup_watermark_delay(settings))
+    return rows
+
+
+def deduplicated(checked: DataFrame, settings: Settings) -> DataFrame:
+    """``checked`` (rows of :func:`stamped` with their verdict) without the copies, by the
+    operator ``stream_dedup`` names; the same columns."""
+    from pyspark.sql import DataFrame as SparkDataFrame
+    from pyspark.sql import functions as F
+
+    valid = F.col("reason").isNull()
+    coordinates = F.concat_ws("/", F.lit("k"), F.col("topic"), F.col("partition").cast("string"),
+                              F.col("offset").cast("string"))
+    keyed = checked.withColumn(DEDUP_KEY, F.when(valid, dedup_key()).otherwise(coordinates))
+    if settings.stream_dedup == "spark":
+        partitions = int(checked.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+        return keyed.repartition(partitions, DEDUP_KEY).dropDuplicatesWithinWatermark([DEDUP_KEY])
+
+    spark = checked.sparkSession
+    if not _has_event_dedup(spark):
+        raise DedupMismatch(
+            "SHOPSTREAM_STREAM_DEDUP=bucketed needs shopstream's jar (its EventDedup class), "
+            "which this Spark session does not have: install a JDK (`make setup`) so it is "
+            "built, or start a new checkpoint with SHOPSTREAM_STREAM_DEDUP=spark")
+    shard = F.pmod(F.xxhash64(F.col("event_id")), F.lit(SHARDS)).cast("string")
+    bucket = F.floor(F.unix_seconds(F.col("event_time")) / BUCKET_SECONDS).cast("string")
+    invalid_shard = F.pmod(F.col("offset"), F.lit(SHARDS)).cast("string")
+    group = F.when(valid, F.concat(bucket, F.lit("/"), shard)).otherwise(
+        F.concat(F.lit(_INVALID_PREFIX), invalid_shard))
+    grouped = keyed.withColumn(_GROUP, group)
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    jdf = jvm.shopstream.EventDedup.apply(
+        grouped._jdf, DEDUP_KEY, _GROUP, settings.stream_dedup_retention_seconds * 1000)
+    return SparkDataFrame(jdf, spark).drop(_GROUP)
+
+
+def _has_event_dedup(spark: object) -> bool:
+    """Whether the session's JVM has ``EventDedup`` (py4j names a class it cannot find as
+    a package)."""
+    from functools import reduce
+
+    from py4j.java_gateway import JavaClass
+
+    from pipelines.infra.jvm_jar import EVENT_DEDUP_CLASS
+
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    return isinstance(reduce(getattr, EVENT_DEDUP_CLASS.split("."), jvm), JavaClass)
+
+
+def check_checkpoint(spark: object, checkpoint: str, settings: Settings) -> None:
+    """Refuse to start a query whose checkpoint's dedup state is the other operator's.
+
+    Spark would otherwise fail the first batch with a state-schema error that does not
+    say which setting to change. Reads the operator's metadata that Spark 4 writes in
+    ``state/0/_metadata`` (nothing there: a new checkpoint, nothing to check).
+    """
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+    path = jvm.org.apache.hadoop.fs.Path(f"{checkpoint.rstrip('/')}/state/0/_metadata")
+    fs = path.getFileSystem(conf)
+    if not fs.exists(path):
+        return
+    names = []
+    for status in fs.listStatus(path):
+        names.append(status.getPath().getName())
+    # Spark writes "metadata" (v1) for dropDuplicatesWithinWatermark and a "v2" folder
+    # (with the state's schema) for transformWithState
+    written = "bucketed" if "v2" in names else "spark"
+    if written != settings.stream_dedup:
+        raise DedupMismatch(
+            f"the checkpoint {checkpoint} was written with SHOPSTREAM_STREAM_DEDUP={written}; "
+            f"this job is set to {settings.stream_dedup}. Set it back to {written}, or start "
+            "a new checkpoint (a new SHOPSTREAM_CHECKPOINT_DIR) to change the operator")
