@@ -221,6 +221,7 @@ def stream(
     from dataclasses import replace
 
     from pipelines.stream import StreamFailed, StreamOptions, run_stream
+    from pipelines.streaming.dedup import DedupSettingError
 
     settings = load_settings()
     if mode is not None:
@@ -257,7 +258,7 @@ def stream(
         with checkpoint_lock(settings.run_path, checkpoint,
                              wait_seconds=settings.stream_stop_grace_seconds + 30):
             recorder = run_stream(settings, options, stop_session=True, stop_on_signals=True)
-    except CheckpointBusy as exc:
+    except (CheckpointBusy, DedupSettingError) as exc:
         raise UserError(str(exc)) from exc
     except StreamFailed as exc:
         if _state["debug"]:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BUCKET_SECONDS",
     "SHARDS",
-    "DedupMismatch",
+    "DedupSettingError",
     "check_checkpoint",
     "dedup_key",
     "dedup_watermark_delay",
@@ -53,8 +53,9 @@ _INVALID_PREFIX = "k/"
 for them)."""
 
 
-class DedupMismatch(RuntimeError):
-    """The checkpoint's state was written by the other dedup operator."""
+class DedupSettingError(RuntimeError):
+    """``stream_dedup`` cannot run here: the checkpoint's state is the other operator's, or
+    the session has no shopstream jar for the bucketed one."""
 
 
 def dedup_key() -> Column:
@@ -127,7 +128,7 @@ def deduplicated(checked: DataFrame, settings: Settings) -> DataFrame:
 
     spark = checked.sparkSession
     if not _has_event_dedup(spark):
-        raise DedupMismatch(
+        raise DedupSettingError(
             "SHOPSTREAM_STREAM_DEDUP=bucketed needs shopstream's jar (its EventDedup class), "
             "which this Spark session does not have: install a JDK (`make setup`) so it is "
             "built, or start a new checkpoint with SHOPSTREAM_STREAM_DEDUP=spark")
@@ -176,7 +177,7 @@ def check_checkpoint(spark: object, checkpoint: str, settings: Settings) -> None
     # (with the state's schema) for transformWithState
     written = "bucketed" if "v2" in names else "spark"
     if written != settings.stream_dedup:
-        raise DedupMismatch(
+        raise DedupSettingError(
             f"the checkpoint {checkpoint} was written with SHOPSTREAM_STREAM_DEDUP={written}; "
             f"this job is set to {settings.stream_dedup}. Set it back to {written}, or start "
             "a new checkpoint (a new SHOPSTREAM_CHECKPOINT_DIR) to change the operator")

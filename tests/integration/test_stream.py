@@ -429,7 +429,7 @@ def test_a_checkpoint_keeps_the_dedup_it_was_started_with(
     """The two operators' states are not interchangeable: restarting a checkpoint with the
     other one is refused before Spark reads the state, with the setting to change."""
     from pipelines.stream import StreamOptions, run_stream
-    from pipelines.streaming.dedup import DedupMismatch
+    from pipelines.streaming.dedup import DedupSettingError
 
     topic = f"dedup-switch.{tmp_path.name[-20:]}".replace("_", "-")
     settings = stream_settings(make_settings, tmp_path, topic)
@@ -441,7 +441,7 @@ def test_a_checkpoint_keeps_the_dedup_it_was_started_with(
     assert sum(m.input_rows for m in history) == 1
 
     switched = settings.model_copy(update={"stream_dedup": "spark"})
-    with pytest.raises(DedupMismatch, match="written with SHOPSTREAM_STREAM_DEDUP=bucketed"):
+    with pytest.raises(DedupSettingError, match="written with SHOPSTREAM_STREAM_DEDUP=bucketed"):
         run_stream(switched, StreamOptions(stop="available_now"), spark=spark)
     # the same operator resumes where it stopped
     again = run_stream(settings, StreamOptions(stop="available_now"), spark=spark).history
