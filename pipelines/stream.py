@@ -4,7 +4,8 @@ One micro-batch query, read -> transform -> write::
 
     Kafka (native source, maxOffsetsPerTrigger)
       -> verdict per record (features.validation, stateless)
-      -> dedup by (event_id, event_time) within a processing-time watermark (RocksDB state)
+      -> dedup by (event_id, event_time) for a processing-time retention (RocksDB state;
+         pipelines.streaming.dedup)
       -> foreachBatch(batch, batch_id):
            a. event-time clock of batch_id - 1 (checkpointed) splits valid events
               into on-time and late;

@@ -262,11 +262,10 @@ def _task_seconds(operators: list[dict[str, Any]], key: str) -> float | None:
 def _evict_seconds(operators: list[dict[str, Any]]) -> float | None:
     """Task time spent expiring state: Spark's eviction pass, or ``transformWithState``'s
     due timers (a custom metric), summed over the operators (``None``: not reported)."""
-    values = [int(op["allRemovalsTimeMs"]) for op in operators
-              if op.get("allRemovalsTimeMs") is not None]
-    values += [int(op["customMetrics"]["timerProcessingTimeMs"]) for op in operators
-               if (op.get("customMetrics") or {}).get("timerProcessingTimeMs") is not None]
-    return sum(values) / 1000 if values else None
+    timers = [op["customMetrics"] for op in operators if op.get("customMetrics")]
+    parts = [s for s in (_task_seconds(operators, "allRemovalsTimeMs"),
+                         _task_seconds(timers, "timerProcessingTimeMs")) if s is not None]
+    return sum(parts) if parts else None
 
 
 def _state(m: BatchMetrics) -> str:

@@ -170,9 +170,7 @@ def check_checkpoint(spark: object, checkpoint: str, settings: Settings) -> None
     fs = path.getFileSystem(conf)
     if not fs.exists(path):
         return
-    names = []
-    for status in fs.listStatus(path):
-        names.append(status.getPath().getName())
+    names = [status.getPath().getName() for status in fs.listStatus(path)]
     # Spark writes "metadata" (v1) for dropDuplicatesWithinWatermark and a "v2" folder
     # (with the state's schema) for transformWithState
     written = "bucketed" if "v2" in names else "spark"
