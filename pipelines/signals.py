@@ -37,6 +37,10 @@ the child is handed to another thread of its dying parent (once per thread as a 
 process's threads exit), and as SIGTERM that repeat stopped the sinks mid-batch."""
 
 
+_NAMES: dict[int, str] = {int(sig): sig.name for sig in (*STOP_SIGNALS, PARENT_DEATH_SIGNAL)}
+"""Signal names, looked up without the ``enum`` machinery inside a handler."""
+
+
 class GracefulStop:
     """Context manager: while active, the first SIGTERM/SIGINT sets :attr:`requested`.
 
@@ -71,23 +75,27 @@ class GracefulStop:
         return bool(self._previous)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        name = signal.Signals(signum).name
+        # A signal can interrupt this handler, and the kernel repeats the parent-death
+        # signal in bursts: a nested call that reached ``requested.set()`` while the outer
+        # one held the Event's lock inside it waited for that lock forever (the sinks'
+        # process hung after its driver was killed). So the first statement marks the stop
+        # with a plain attribute, and only the call that marked it sets the Event.
+        name = "parent died" if signum == PARENT_DEATH_SIGNAL else _NAMES[signum]
+        first, self.signal_name = self.signal_name is None, self.signal_name or name
         if signum == PARENT_DEATH_SIGNAL:  # once, however often the kernel repeats it
-            if not self.requested.is_set():
-                self.signal_name = "parent died"
+            if first:
                 self.requested.set()
                 log.info("%s: the process that started it died: %s, then stopping",
                          self.what, self.finishing)
             return
-        if self.requested.is_set():
+        if not first:
             log.warning("%s: %s again: stopping at once (an unfinished batch is replayed on restart)",
-                        self.what, name)
+                        self.what, _NAMES[signum])
             self._restore()
             raise KeyboardInterrupt
-        self.signal_name = name
         self.requested.set()
         log.info("%s: %s received: %s, then stopping (send it again to stop at once)",
-                 self.what, name, self.finishing)
+                 self.what, self.signal_name, self.finishing)
 
     def _restore(self) -> None:
         for sig, handler in self._previous.items():

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pipelines.signals import GracefulStop
+from pipelines.signals import PARENT_DEATH_SIGNAL, GracefulStop
 
 
 def _deliver(sig: signal.Signals) -> None:
@@ -62,3 +62,31 @@ def test_the_parent_death_signal_asks_for_a_stop_however_often_it_comes() -> Non
         assert stop.requested.is_set() and stop.signal_name == "parent died"
         with pytest.raises(KeyboardInterrupt):  # a user's signal still stops it at once
             _deliver(signal.SIGTERM)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, PARENT_DEATH_SIGNAL])
+def test_a_signal_that_arrives_inside_the_handlers_stop_request_is_a_repeat(
+        sig: signal.Signals) -> None:
+    """The kernel repeats the parent-death signal in a burst, and a signal can interrupt a
+    handler anywhere, also inside ``requested.set()`` while it holds the Event's lock. The
+    handler that runs there must take it as a repeat and leave the Event alone: calling
+    ``set()`` again waited for that lock forever, and the sinks' process outlived its
+    killed driver."""
+    stop = GracefulStop("sinks")
+    calls: list[str] = []
+
+    class Interrupted(threading.Event):
+        def set(self) -> None:
+            calls.append("set")
+            if len(calls) == 1:  # the signal arrives while the first stop request is made
+                try:
+                    stop._handle(sig, None)
+                except KeyboardInterrupt:  # a second SIGTERM: a stop at once, as documented
+                    calls.append("stopped at once")
+            super().set()
+
+    stop.requested = Interrupted()
+    stop._handle(sig, None)
+    assert stop.requested.is_set()
+    assert stop.signal_name == ("parent died" if sig == PARENT_DEATH_SIGNAL else sig.name)
+    assert calls == (["set"] if sig == PARENT_DEATH_SIGNAL else ["set", "stopped at once"])
