@@ -62,6 +62,8 @@ from pipelines.spark import STREAM_POOL, inheriting, scheduler_pool
 from pipelines.stream_metrics import BatchStats, MetricsRecorder, ProgressListener, caught_up_of
 from pipelines.stream_state import BatchLog, BatchRecord, release
 from pipelines.streaming.dedup import (
+    NEW_GROUP_KEY,
+    GroupKey,
     check_checkpoint,
     dedup_key,
     dedup_watermark_delay,
@@ -167,7 +169,8 @@ def read_kafka(spark: SparkSession, settings: Settings) -> DataFrame:
 
 
 # -------------------------------------------------------------- transform
-def checked_records(raw: DataFrame, settings: Settings) -> DataFrame:
+def checked_records(raw: DataFrame, settings: Settings,
+                    dedup_group: GroupKey = NEW_GROUP_KEY) -> DataFrame:
     """Raw Kafka rows -> one row per record with its verdict, deduplicated by (event_id, event_time).
 
     * the future-timestamp rule compares ``event_time`` with the record's Kafka
@@ -177,13 +180,14 @@ def checked_records(raw: DataFrame, settings: Settings) -> DataFrame:
     * valid records are deduplicated by ``event_id`` and ``event_time`` (a copy of an
       event carries both; invalid ones by their Kafka coordinates, i.e. never), for
       ``stream_dedup_retention_seconds`` of processing time, by the operator
-      ``stream_dedup`` names (:mod:`pipelines.streaming.dedup`).
+      ``stream_dedup`` names (:mod:`pipelines.streaming.dedup`; ``dedup_group``: the
+      type of its groups the checkpoint holds, :func:`~pipelines.streaming.dedup.check_checkpoint`).
     """
     from pyspark.sql import functions as F
 
     checked = with_verdict(stamped(raw, settings, RAW_COLUMNS), now=F.col("timestamp"),
                            check_key=settings.stream_check_key)
-    return deduplicated(checked, settings)
+    return deduplicated(checked, settings, dedup_group)
 
 
 def _epoch_us(ts: datetime) -> int:
@@ -562,8 +566,8 @@ def start_stream(spark: SparkSession, settings: Settings, options: StreamOptions
     default ``stream_trigger_seconds`` (:func:`trigger_seconds_of`).
     """
     checkpoint = query_checkpoint(settings)
-    check_checkpoint(spark, checkpoint, settings)
-    records = checked_records(read_kafka(spark, settings), settings)
+    dedup_group = check_checkpoint(spark, checkpoint, settings)
+    records = checked_records(read_kafka(spark, settings), settings, dedup_group)
     if processor is None:
         processor = BatchProcessor(settings, checkpoint, recorder, online=options.online,
                                    snapshots=options.snapshots)

@@ -21,7 +21,7 @@ state differs: a query keeps the operator it was started with (:func:`check_chec
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pipelines.settings import Settings
 
@@ -31,7 +31,9 @@ if TYPE_CHECKING:
 __all__ = [
     "BUCKET_SECONDS",
     "SHARDS",
+    "NEW_GROUP_KEY",
     "DedupSettingError",
+    "GroupKey",
     "check_checkpoint",
     "dedup_key",
     "dedup_watermark_delay",
@@ -48,9 +50,18 @@ SHARDS = 64
 """Groups per bucket, by a hash of the id: enough to spread a minute's ids over the
 shuffle's partitions. Changing it (or the bucket) sends a copy to another group than
 its original, so it is a constant, not a setting: a new value needs a new checkpoint."""
-_INVALID_PREFIX = "k/"
-"""Group prefix of the records that are never copies (``EventDedup`` keeps no state
-for them)."""
+GroupKey = Literal["bigint", "string"]
+"""The type of a ``bucketed`` group, part of the checkpoint's state. ``bigint``: the minute
+times :data:`SHARDS` plus the shard, and negative for the records that are never copies
+(``EventDedup`` keeps no state for them). ``string``: ``<minute>/<shard>`` and ``k/<n>``,
+as checkpoints started before the number kept them; they resume with it."""
+NEW_GROUP_KEY: GroupKey = "bigint"
+"""The group type a new checkpoint starts with. A number because ``transformWithState``
+sorts each batch by its group: a long sorts whole by its 8-byte prefix (a radix sort),
+where a string's prefix (its first 8 bytes, all one minute's) left most comparisons to the
+full row comparator. The sort took about half of the operator's task time with strings and
+a sixth with numbers (docs/streaming-performance.md, "A dedup that expires by the
+bucket")."""
 
 
 class DedupSettingError(RuntimeError):
@@ -112,9 +123,11 @@ def stamped(raw: DataFrame, settings: Settings, columns: tuple[str, ...]) -> Dat
     return rows
 
 
-def deduplicated(checked: DataFrame, settings: Settings) -> DataFrame:
+def deduplicated(checked: DataFrame, settings: Settings,
+                 group_key: GroupKey = NEW_GROUP_KEY) -> DataFrame:
     """``checked`` (rows of :func:`stamped` with their verdict) without the copies, by the
-    operator ``stream_dedup`` names; the same columns."""
+    operator ``stream_dedup`` names; the same columns. ``group_key``: the ``bucketed``
+    operator's group type, the one its checkpoint holds (:func:`check_checkpoint`)."""
     from pyspark.sql import DataFrame as SparkDataFrame
     from pyspark.sql import functions as F
 
@@ -132,11 +145,15 @@ def deduplicated(checked: DataFrame, settings: Settings) -> DataFrame:
             "SHOPSTREAM_STREAM_DEDUP=bucketed needs shopstream's jar (its EventDedup class), "
             "which this Spark session does not have: install a JDK (`make setup`) so it is "
             "built, or start a new checkpoint with SHOPSTREAM_STREAM_DEDUP=spark")
-    shard = F.pmod(F.xxhash64(F.col("event_id")), F.lit(SHARDS)).cast("string")
-    bucket = F.floor(F.unix_seconds(F.col("event_time")) / BUCKET_SECONDS).cast("string")
-    invalid_shard = F.pmod(F.col("offset"), F.lit(SHARDS)).cast("string")
-    group = F.when(valid, F.concat(bucket, F.lit("/"), shard)).otherwise(
-        F.concat(F.lit(_INVALID_PREFIX), invalid_shard))
+    shard = F.pmod(F.xxhash64(F.col("event_id")), F.lit(SHARDS))
+    bucket = F.floor(F.unix_seconds(F.col("event_time")) / BUCKET_SECONDS)
+    invalid_shard = F.pmod(F.col("offset"), F.lit(SHARDS))
+    if group_key == "string":
+        group = F.when(valid, F.concat(bucket.cast("string"), F.lit("/"), shard.cast("string"))
+                       ).otherwise(F.concat(F.lit("k/"), invalid_shard.cast("string")))
+    else:
+        group = F.when(valid, bucket * SHARDS + shard).otherwise(-1 - invalid_shard)
+        group = group.cast("bigint")
     grouped = keyed.withColumn(_GROUP, group)
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
     jdf = jvm.shopstream.EventDedup.apply(
@@ -157,19 +174,22 @@ def _has_event_dedup(spark: object) -> bool:
     return isinstance(reduce(getattr, EVENT_DEDUP_CLASS.split("."), jvm), JavaClass)
 
 
-def check_checkpoint(spark: object, checkpoint: str, settings: Settings) -> None:
-    """Refuse to start a query whose checkpoint's dedup state is the other operator's.
+def check_checkpoint(spark: object, checkpoint: str, settings: Settings) -> GroupKey:
+    """Refuse to start a query whose checkpoint's dedup state is the other operator's;
+    return the ``bucketed`` operator's group type to run it with (:data:`GroupKey`).
 
     Spark would otherwise fail the first batch with a state-schema error that does not
     say which setting to change. Reads the operator's metadata that Spark 4 writes in
-    ``state/0/_metadata`` (nothing there: a new checkpoint, nothing to check).
+    ``state/0/_metadata`` (nothing there: a new checkpoint, nothing to check) and, for the
+    ``bucketed`` operator, the group's type in the state's schema (``state/0/_stateSchema``).
     """
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
     conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
-    path = jvm.org.apache.hadoop.fs.Path(f"{checkpoint.rstrip('/')}/state/0/_metadata")
+    state = f"{checkpoint.rstrip('/')}/state/0"
+    path = jvm.org.apache.hadoop.fs.Path(f"{state}/_metadata")
     fs = path.getFileSystem(conf)
     if not fs.exists(path):
-        return
+        return NEW_GROUP_KEY
     names = [status.getPath().getName() for status in fs.listStatus(path)]
     # Spark writes "metadata" (v1) for dropDuplicatesWithinWatermark and a "v2" folder
     # (with the state's schema) for transformWithState
@@ -179,3 +199,26 @@ def check_checkpoint(spark: object, checkpoint: str, settings: Settings) -> None
             f"the checkpoint {checkpoint} was written with SHOPSTREAM_STREAM_DEDUP={written}; "
             f"this job is set to {settings.stream_dedup}. Set it back to {written}, or start "
             "a new checkpoint (a new SHOPSTREAM_CHECKPOINT_DIR) to change the operator")
+    if written == "spark":
+        return NEW_GROUP_KEY
+    return _written_group_key(jvm, fs, f"{state}/_stateSchema/default")
+
+
+def _written_group_key(jvm: object, fs: object, schemas: str) -> GroupKey:
+    """The group type in the ``bucketed`` operator's state schema files (Spark writes the
+    key's schema there as JSON, in a binary frame)."""
+    folder = jvm.org.apache.hadoop.fs.Path(schemas)  # type: ignore[attr-defined]
+    if not fs.exists(folder):  # type: ignore[attr-defined]
+        return NEW_GROUP_KEY
+    string_group = f'"name":"{_GROUP}","type":"string"'.encode()
+    for status in fs.listStatus(folder):  # type: ignore[attr-defined]
+        if status.getPath().getName().startswith("."):  # Hadoop's checksums
+            continue
+        stream = fs.open(status.getPath())  # type: ignore[attr-defined]
+        try:
+            schema = bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream))  # type: ignore[attr-defined]
+        finally:
+            stream.close()
+        if string_group in schema:
+            return "string"
+    return NEW_GROUP_KEY

@@ -428,8 +428,8 @@ def test_a_checkpoint_keeps_the_dedup_it_was_started_with(
 ) -> None:
     """The two operators' states are not interchangeable: restarting a checkpoint with the
     other one is refused before Spark reads the state, with the setting to change."""
-    from pipelines.stream import StreamOptions, run_stream
-    from pipelines.streaming.dedup import DedupSettingError
+    from pipelines.stream import StreamOptions, query_checkpoint, run_stream
+    from pipelines.streaming.dedup import DedupSettingError, check_checkpoint
 
     topic = f"dedup-switch.{tmp_path.name[-20:]}".replace("_", "-")
     settings = stream_settings(make_settings, tmp_path, topic)
@@ -439,6 +439,8 @@ def test_a_checkpoint_keeps_the_dedup_it_was_started_with(
     assert settings.stream_dedup == "bucketed"
     history = run_stream(settings, StreamOptions(stop="available_now"), spark=spark).history
     assert sum(m.input_rows for m in history) == 1
+    # a new checkpoint's groups are numbers
+    assert check_checkpoint(spark, query_checkpoint(settings), settings) == "bigint"
 
     switched = settings.model_copy(update={"stream_dedup": "spark"})
     with pytest.raises(DedupSettingError, match="written with SHOPSTREAM_STREAM_DEDUP=bucketed"):
@@ -446,6 +448,40 @@ def test_a_checkpoint_keeps_the_dedup_it_was_started_with(
     # the same operator resumes where it stopped
     again = run_stream(settings, StreamOptions(stop="available_now"), spark=spark).history
     assert sum(m.input_rows for m in again) == 0
+
+
+def test_a_checkpoint_with_string_dedup_groups_resumes_with_them(
+    make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any, spark: Any,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A checkpoint started before the bucketed dedup's groups were numbers (its state's
+    groups are strings) resumes with string groups: it still catches a copy of an event it
+    read before the upgrade, and keeps the same groups in its state."""
+    from pipelines.stream import StreamOptions, query_checkpoint, run_stream
+    from pipelines.streaming import dedup
+
+    topic = f"dedup-groups.{tmp_path.name[-20:]}".replace("_", "-")
+    settings = stream_settings(make_settings, tmp_path, topic)
+    create_topic(settings, topic)
+    now = datetime.now(UTC)
+    first = Sent(b"u1", _event("g-1", now, user="u1"), _ms(now))
+    produce(settings, [first, Sent(b"u1", b"{not json", _ms(now))])
+    with monkeypatch.context() as before_the_upgrade:
+        before_the_upgrade.setattr(dedup, "NEW_GROUP_KEY", "string")
+        history = run_stream(settings, StreamOptions(stop="available_now"), spark=spark).history
+    assert sum(m.input_rows for m in history) == 2
+    assert dedup.NEW_GROUP_KEY == "bigint"
+    checkpoint = query_checkpoint(settings)
+    assert dedup.check_checkpoint(spark, checkpoint, settings) == "string"
+
+    later = now + timedelta(seconds=1)
+    produce(settings, [first, Sent(b"u1", _event("g-2", later, user="u1"), _ms(later)),
+                       Sent(b"u1", b"{not json", _ms(later))])
+    again = run_stream(settings, StreamOptions(stop="available_now"), spark=spark).history
+    assert [m.input_rows for m in again] == [3]
+    assert again[0].duplicates_dropped == 1
+    assert again[0].quarantined == 1
+    assert dedup.check_checkpoint(spark, checkpoint, settings) == "string"
 
 
 def _env(settings: Settings) -> dict[str, str]:

@@ -13,6 +13,7 @@ import org.apache.spark.sql.streaming.TTLConfig;
 import org.apache.spark.sql.streaming.TimeMode;
 import org.apache.spark.sql.streaming.TimerValues;
 import org.apache.spark.sql.streaming.ValueState;
+import org.apache.spark.sql.types.StringType;
 import org.apache.spark.sql.types.StructType;
 
 /**
@@ -33,11 +34,14 @@ import org.apache.spark.sql.types.StructType;
  * read it (longer while its group keeps receiving new ids: late events of an old bucket),
  * and is expired by the first batch at or after its group's time.
  *
- * <p>Rows whose group starts with {@code k/} are never duplicates (the invalid records,
- * keyed by their Kafka coordinates): they pass through without state. The batch's time
- * is Spark's (kept in the offset log), so a replayed batch sets the same timers.
+ * <p>The group is a long (dedup.py's NEW_GROUP_KEY: transformWithState sorts each batch by
+ * it, and a long sorts by its prefix alone), or a string in checkpoints started before.
+ * Rows whose group is negative, or starts with {@code k/}, are never duplicates (the
+ * invalid records, keyed by their Kafka coordinates): they pass through without state.
+ * The batch's time is Spark's (kept in the offset log), so a replayed batch sets the same
+ * timers.
  */
-public final class EventDedup extends StatefulProcessor<String, Row, Row> {
+public final class EventDedup<K> extends StatefulProcessor<K, Row, Row> {
   private static final long serialVersionUID = 1L;
 
   private final int keyOrdinal;
@@ -50,15 +54,25 @@ public final class EventDedup extends StatefulProcessor<String, Row, Row> {
     this.retentionMs = retentionMs;
   }
 
-  /** {@code df} without the copies: rows grouped by {@code groupCol}, identified by
-   *  {@code keyCol} (both strings); the result has {@code df}'s schema. */
+  /** {@code df} without the copies: rows grouped by {@code groupCol} (a long, or a string
+   *  as older checkpoints hold), identified by {@code keyCol} (a string); the result has
+   *  {@code df}'s schema. */
   public static Dataset<Row> apply(Dataset<Row> df, String keyCol, String groupCol,
                                    long retentionMs) {
     StructType schema = df.schema();
-    return df.groupBy(df.col(groupCol))
-        .as(Encoders.STRING(), Encoders.row(schema))
-        .transformWithState(new EventDedup(schema.fieldIndex(keyCol), retentionMs),
+    int key = schema.fieldIndex(keyCol);
+    if (schema.apply(groupCol).dataType() instanceof StringType) {
+      return df.groupBy(df.col(groupCol)).as(Encoders.STRING(), Encoders.row(schema))
+          .transformWithState(new EventDedup<String>(key, retentionMs),
+              TimeMode.ProcessingTime(), OutputMode.Append(), Encoders.row(schema));
+    }
+    return df.groupBy(df.col(groupCol)).as(Encoders.LONG(), Encoders.row(schema))
+        .transformWithState(new EventDedup<Long>(key, retentionMs),
             TimeMode.ProcessingTime(), OutputMode.Append(), Encoders.row(schema));
+  }
+
+  private static boolean passesThrough(Object group) {
+    return group instanceof Long ? (Long) group < 0 : ((String) group).startsWith("k/");
   }
 
   @Override
@@ -70,8 +84,8 @@ public final class EventDedup extends StatefulProcessor<String, Row, Row> {
 
   @Override
   public scala.collection.Iterator<Row> handleInputRows(
-      String group, scala.collection.Iterator<Row> rows, TimerValues timers) {
-    if (group.startsWith("k/")) {
+      K group, scala.collection.Iterator<Row> rows, TimerValues timers) {
+    if (passesThrough(group)) {
       return rows;
     }
     final long at = timers.getCurrentProcessingTimeInMs() + retentionMs;
@@ -126,7 +140,7 @@ public final class EventDedup extends StatefulProcessor<String, Row, Row> {
 
   @Override
   public scala.collection.Iterator<Row> handleExpiredTimer(
-      String group, TimerValues timers, ExpiredTimerInfo info) {
+      K group, TimerValues timers, ExpiredTimerInfo info) {
     seen.clear();
     expiry.clear();
     return scala.collection.Iterator$.MODULE$.empty();
