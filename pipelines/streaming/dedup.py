@@ -59,8 +59,8 @@ NEW_GROUP_KEY: GroupKey = "bigint"
 """The group type a new checkpoint starts with. A number because ``transformWithState``
 sorts each batch by its group: a long sorts whole by its 8-byte prefix (a radix sort),
 where a string's prefix (its first 8 bytes, all one minute's) left most comparisons to the
-full row comparator. The sort took about half of the operator's task time with strings and
-a sixth with numbers (docs/streaming-performance.md, "A dedup that expires by the
+full row comparator. The sort took about half of the operator's task time with strings, a
+quarter with numbers (docs/streaming-performance.md, "A dedup that expires by the
 bucket")."""
 
 
