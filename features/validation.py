@@ -220,11 +220,15 @@ def with_verdict(raw: DataFrame, now: Column | datetime | None = None, check_key
     ``SQLConf`` on the executor to do it: 37 % of the samples in a JFR profile of the
     validation alone (a field's text from ``to_json``, or a second parse with
     ``from_json``, cost as much). So when the session has :data:`CONTRACT_FIELDS_FUNCTION`
-    (a small Java class the project compiles, :mod:`pipelines.infra.jvm_jar`), the
-    document is parsed by Spark's own parser inside it and every field is read there in
-    the same pass, through the variant's Java API: the same types and values, and a
-    third less of the validation's CPU (400k records from memory to a ``noop`` sink,
-    alternating: 2.9-3.3 s of the JVM's CPU against 4.6-6.1 s). Without it
+    (a small Java class the project compiles, :mod:`pipelines.infra.jvm_jar`), every
+    field is read inside it in one pass: the same types and values, and a third less of
+    the validation's CPU (400k records from memory to a ``noop`` sink, alternating:
+    2.9-3.3 s of the JVM's CPU against 4.6-6.1 s). A flat object of strings, numbers and
+    nulls (nearly every record) is read by one pass of Spark's JSON parser (Jackson) with
+    the rules Spark's variant builder applies, without building the variant; any other
+    record is parsed by Spark's ``parseJson``, as ``try_parse_json`` does, and read
+    through the variant's Java API. Skipping the variant took another seventh off
+    (2.4-2.8 s against 2.7-3.4 s on 400k generated records). Without it
     (``reader="variant"``, or a session without the function) the fields are read with
     Spark's expressions as described above; both give every record the same verdict
     (``tests/integration/test_stream_validation.py``).

@@ -148,3 +148,87 @@ def test_a_session_without_the_class_falls_back_with_a_warning(
     assert not other.catalog.functionExists(CONTRACT_FIELDS_FUNCTION)
     assert register_contract_fields(other) is True
     assert other.catalog.functionExists(CONTRACT_FIELDS_FUNCTION)
+
+
+def _edge_records() -> list[bytes]:
+    """Records at the edges of what the Java function reads in one pass without building
+    Spark's variant (a flat object of strings, numbers and nulls) and what it hands to
+    Spark's parser: escaped surrogates, duplicate and nested keys, numbers past a long
+    or a decimal, values of every JSON type where a text or a number is wanted."""
+    good = json.dumps(GOOD)[:-1]
+    extras = [
+        r'"region": "\ud800"', r'"extra": "\udc00x"', r'"\ud800": 1', r'"extra": "\ud83d\ude00"',
+        r'"region": "\ud83d\ude00"', '"extra": 1, "extra": 2', '"extra": {"a": 1, "a": 2}',
+        '"extra": {"a": [1, {"b": true}]}', '"extra": [1, [2, "x"]]', '"extra": true',
+        '"extra": null', '"extra": 1e400', '"extra": -0', '"extra": "x", "more": 9.5',
+    ]
+    records = [(good + ", " + extra + "}").encode() for extra in extras]
+    numbers = ["9223372036854775807", "9223372036854775808", "-9223372036854775809",
+               "1" * 38, "1" * 39, "0." + "0" * 37 + "1", "0." + "0" * 38 + "1",
+               "123456789012345678901234567890.5", "1E2", "1.5e-3", "-0", "-0.0", "7.000",
+               "true", "false", "null", '"7"', "[7]", '{"v": 7}']
+    for name in ("price", "quantity", "event_time", "event_id", "user_id", "event_type"):
+        for number in numbers:
+            doc = {k: v for k, v in GOOD.items() if k != name}
+            records.append((json.dumps(doc)[:-1] + f', "{name}": {number}}}').encode())
+    records.append(json.dumps({**GOOD, "event_id": "x" * 5000}).encode())
+    records.append(b'{"event_id": "a"} {"event_id": "b"}')
+    records.append(b'{"event_id": "a", }')
+    return records
+
+
+def test_the_java_functions_one_pass_reads_what_sparks_parser_reads(spark: Any) -> None:
+    """The function's one-pass reader returns, field by field, what it returns from Spark's
+    parser (its other way, which every record took before): on records chosen to take
+    each way, and on mutations."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    from features.validation import contract_fields_arguments
+    from pipelines.infra.jvm_jar import CONTRACT_FIELDS_CLASS
+
+    names, wants_text, wants_number, struct = contract_fields_arguments()
+    gateway = spark.sparkContext._gateway
+    session = spark._jsparkSession
+
+    def register(name: str, one_pass: bool) -> None:
+        arrays = []
+        for kind, items in ((gateway.jvm.java.lang.String, names),
+                            (gateway.jvm.boolean, wants_text), (gateway.jvm.boolean, wants_number)):
+            array = gateway.new_array(kind, len(items))
+            for i, item in enumerate(items):
+                array[i] = item
+            arrays.append(array)
+        instance = reduce(getattr, CONTRACT_FIELDS_CLASS.split("."), gateway.jvm)(*arrays, one_pass)
+        session.udf().register(name, instance, session.parseDataType(struct.json()))
+
+    register("_fields_one_pass", True)
+    register("_fields_parser", False)
+    values = [*_edge_records(), *mutated_records(1000, seed=7),
+              *[value for _, value, _ in CASES if value is not None]]
+    frame = spark.createDataFrame([(i, v.decode("utf-8", "replace")) for i, v in enumerate(values)],
+                                  "i long, text string")
+    rows = frame.select("i", F.call_function("_fields_one_pass", "text").alias("a"),
+                        F.call_function("_fields_parser", "text").alias("b")).orderBy("i").collect()
+    differ = [(values[row["i"]], row["a"], row["b"]) for row in rows if row["a"] != row["b"]]
+    assert not differ, f"{len(differ)} records differ, e.g. {differ[:2]}"
+    assert len(rows) == len(values)
+    # the records reach the parser's failures, wrong types and valid numbers alike
+    assert any(row["b"]["json"] is False for row in rows)
+    assert any(row["b"]["type_price"] == "OTHER" for row in rows)
+    assert any(row["b"]["number_price"] == 9.5 for row in rows)
+
+
+def test_the_java_function_reads_what_sparks_parser_reads(spark: Any) -> None:
+    """The verdicts, and the typed columns of valid records, are the same whichever way
+    the fields are read, on the edge records above."""
+    values: list[bytes | None] = [*_edge_records(), *mutated_records(500, seed=7)]
+    java = _spark(spark, values, "jvm")
+    variant = _spark(spark, values, "variant")
+    differ = [(value, a, b) for value, a, b in zip(values, java, variant, strict=True)
+              if a[0] != b[0] or (a[0] is None and a != b)]
+    assert not differ, f"{len(differ)} records differ, e.g. {differ[:3]}"
+    verdicts = {verdict for verdict, _ in java}
+    # the edges reach both outcomes and the parser's own failures
+    assert None in verdicts and "invalid_json" in verdicts and "wrong_type:price" in verdicts

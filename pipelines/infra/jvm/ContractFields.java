@@ -1,7 +1,14 @@
 package shopstream;
 
+import java.io.IOException;
+import java.math.BigDecimal;
 import java.time.ZoneOffset;
 import java.util.HashMap;
+
+import com.fasterxml.jackson.core.JsonFactory;
+import com.fasterxml.jackson.core.JsonParser;
+import com.fasterxml.jackson.core.JsonToken;
+import com.fasterxml.jackson.core.exc.InputCoercionException;
 
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
@@ -28,6 +35,15 @@ import org.apache.spark.types.variant.VariantBuilder;
  * field asks for text, as a cast of the value to a string gives) and {@code number}
  * (a number's value as a double, when the field asks for one). A document that is not
  * an object has no fields.
+ *
+ * <p>Most records are read without building the variant: one pass of a Jackson parser over
+ * a flat object whose values are strings, numbers or nulls (readFlat). It applies what
+ * VariantBuilder.buildJson would (the same parser settings, its Unicode check of every key
+ * and string, its duplicate-key rule, its choice of long, decimal or double for a number),
+ * so it reaches the same values; anything else (a nested value, a boolean, a number where
+ * a text is wanted, a duplicate key, a parse error, a very long record) goes through
+ * parseJson as before. Building the variant, with its key dictionary, its sort of the
+ * fields and its copies, was a third of this function's samples in a profile of the drain.
  */
 public final class ContractFields implements UDF1<String, Row> {
   private static final long serialVersionUID = 1L;
@@ -38,8 +54,23 @@ public final class ContractFields implements UDF1<String, Row> {
   private transient HashMap<String, Integer> index;
   private transient boolean allowDuplicateKeys;
   private transient boolean validateUnicode;
+  private transient JsonFactory factory;
+
+  /** Longer texts go through parseJson, which knows the variant's size limit (16 MiB). */
+  private static final int FLAT_MAX_CHARS = 1 << 20;
+  /** The precision and scale VariantBuilder keeps a JSON number as a decimal within. */
+  private static final int MAX_DECIMAL_PRECISION = 38;
+
+  private final boolean onePass;
 
   public ContractFields(String[] names, boolean[] wantsText, boolean[] wantsNumber) {
+    this(names, wantsText, wantsNumber, true);
+  }
+
+  /** With {@code onePass} false every record goes through parseJson (the tests compare). */
+  public ContractFields(String[] names, boolean[] wantsText, boolean[] wantsNumber,
+      boolean onePass) {
+    this.onePass = onePass;
     if (names.length != wantsText.length || names.length != wantsNumber.length) {
       throw new IllegalArgumentException("one text and one number flag per field name");
     }
@@ -59,6 +90,7 @@ public final class ContractFields implements UDF1<String, Row> {
         conf.getConfString("spark.sql.variant.allowDuplicateKeys", "false"));
     validateUnicode = Boolean.parseBoolean(
         conf.getConfString("spark.sql.variant.validateUnicodeInJsonParsing", "true"));
+    factory = new JsonFactory();
     index = map;
   }
 
@@ -71,6 +103,10 @@ public final class ContractFields implements UDF1<String, Row> {
       setUp();
     }
     Object[] out = new Object[1 + 3 * names.length];
+    if (onePass && text.length() <= FLAT_MAX_CHARS && readFlat(text, out)) {
+      return RowFactory.create(out);
+    }
+    java.util.Arrays.fill(out, null);
     Variant doc;
     try {
       doc = VariantBuilder.parseJson(text, allowDuplicateKeys, validateUnicode);
@@ -129,5 +165,121 @@ public final class ContractFields implements UDF1<String, Row> {
     if (wantsNumber[at]) {
       out[base + 2] = number;
     }
+  }
+
+  /**
+   * The fields of a flat object, as call() returns them, in one pass of the parser; false
+   * when the record needs parseJson (then {@code out} is partly written and is cleared).
+   */
+  private boolean readFlat(String text, Object[] out) {
+    if (allowDuplicateKeys) {
+      return false;  // which of a key's values counts is parseJson's to say
+    }
+    String[] seen = new String[16];  // the keys so far (a record has a dozen)
+    int count = 0;
+    try (JsonParser parser = factory.createParser(text)) {
+      if (parser.nextToken() != JsonToken.START_OBJECT) {
+        return false;
+      }
+      JsonToken token;
+      while ((token = parser.nextToken()) == JsonToken.FIELD_NAME) {
+        String name = parser.currentName();
+        if (validateUnicode && !validUnicode(name)) {
+          return false;
+        }
+        for (int i = 0; i < count; i++) {
+          if (seen[i].equals(name)) {
+            return false;
+          }
+        }
+        if (count == seen.length) {
+          seen = java.util.Arrays.copyOf(seen, count * 2);
+        }
+        seen[count++] = name;
+        Integer at = index.get(name);
+        token = parser.nextToken();
+        int base = at == null ? -1 : 1 + 3 * at;
+        switch (token) {
+          case VALUE_STRING: {
+            String value = parser.getText();
+            if (validateUnicode && !validUnicode(value)) {
+              return false;
+            }
+            if (base >= 0) {
+              out[base] = "STRING";
+              out[base + 1] = value;
+            }
+            break;
+          }
+          case VALUE_NULL:
+            if (base >= 0) {
+              out[base] = "VOID";
+            }
+            break;
+          case VALUE_NUMBER_INT:
+          case VALUE_NUMBER_FLOAT: {
+            double number = number(parser, token);
+            if (base >= 0) {
+              if (wantsText[at]) {
+                return false;  // its text is the variant's JSON of the number
+              }
+              out[base] = "NUMBER";
+              if (wantsNumber[at]) {
+                out[base + 2] = number;
+              }
+            }
+            break;
+          }
+          default:  // an object, an array, a boolean: parseJson reads them
+            return false;
+        }
+      }
+      if (token != JsonToken.END_OBJECT) {
+        return false;
+      }
+    } catch (IOException | RuntimeException e) {
+      return false;  // parseJson fails on it too, and says so its own way
+    }
+    out[0] = Boolean.TRUE;
+    return true;
+  }
+
+  /** A JSON number's value as VariantBuilder stores it (long, decimal, else double). */
+  private static double number(JsonParser parser, JsonToken token) throws IOException {
+    if (token == JsonToken.VALUE_NUMBER_INT) {
+      try {
+        return (double) parser.getLongValue();
+      } catch (InputCoercionException tooLarge) {
+        // as VariantBuilder: a decimal if it fits, else a double
+      }
+    }
+    String digits = parser.getText();
+    for (int i = 0; i < digits.length(); i++) {
+      char ch = digits.charAt(i);
+      if (ch != '-' && ch != '.' && !(ch >= '0' && ch <= '9')) {
+        return parser.getDoubleValue();
+      }
+    }
+    BigDecimal decimal = new BigDecimal(digits);
+    if (decimal.scale() <= MAX_DECIMAL_PRECISION && decimal.precision() <= MAX_DECIMAL_PRECISION) {
+      return decimal.doubleValue();
+    }
+    return parser.getDoubleValue();
+  }
+
+  /** No lone surrogate: what VariantBuilder checks of each key and string it parses. */
+  private static boolean validUnicode(String value) {
+    for (int i = 0, n = value.length(); i < n; i++) {
+      char ch = value.charAt(i);
+      if (Character.isHighSurrogate(ch)) {
+        if (i + 1 >= n || !Character.isLowSurrogate(value.charAt(i + 1))) {
+          return false;
+        }
+        i++;
+      } else if (Character.isLowSurrogate(ch)) {
+        return false;
+      }
+    }
+    return true;
   }
 }
