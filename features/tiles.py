@@ -376,7 +376,7 @@ def sales_key(item_id: Column | str = "item_id", category_id: Column | str = "ca
 
 
 def keyed_tiles(events: DataFrame, *, slide_seconds: int, last_items_n: int,
-                partitions: int | None = None) -> DataFrame:
+                partitions: int | None = None, windowed: bool | None = None) -> DataFrame:
     """The tiles of :func:`user_tiles`, :func:`item_tiles` and :func:`sales_tiles` in one
     aggregation, keyed by ``(kind, key, tile_start)`` (:data:`KEYED_TILE_COLUMNS`).
 
@@ -392,6 +392,15 @@ def keyed_tiles(events: DataFrame, *, slide_seconds: int, last_items_n: int,
     ``(kind, key)`` first: the aggregation then needs no other shuffle, and its
     output keeps every tile of a key in one partition (for per-key consumers).
 
+    A streaming DataFrame is grouped by ``window(event_time)`` (``windowed``, by default
+    ``events.isStreaming``), which lets a watermark evict closed tiles from the state.
+    A static one (a micro-batch's) is grouped by the tile's start as a
+    number, behind a 64-bit hash of ``(kind, key, tile_start)``: the aggregation (an
+    ``ObjectHashAggregate`` that falls back to sorting its rows by the group) then
+    compares two rows by that hash, Spark's 8-byte sort prefix, where the group began with
+    the kind, the same few bytes for every row, and ended with the window's struct, whose
+    comparison was an eighth of the operator's samples. The rows are the same either way.
+
     The stream calls this every micro-batch; its column expressions (some 200
     objects, each built by a call into the JVM) are built once per Spark
     context and parameters and reused (:func:`_keyed_columns`): building them
@@ -401,7 +410,10 @@ def keyed_tiles(events: DataFrame, *, slide_seconds: int, last_items_n: int,
     exploded = events.select(*cols.used, cols.role).select(*cols.used, *cols.role_fields)
     if partitions is not None:
         exploded = exploded.repartition(int(partitions), "kind", "key")
-    return exploded.groupBy(*cols.group).agg(*cols.aggregates).select(*cols.output)
+    if events.isStreaming if windowed is None else windowed:
+        return exploded.groupBy(*cols.group).agg(*cols.aggregates).select(*cols.output)
+    return (exploded.select("*", *cols.tile_group).groupBy(*cols.tile_group_names)
+            .agg(*cols.aggregates).select(*cols.tile_output))
 
 
 @dataclass(frozen=True)
@@ -412,6 +424,9 @@ class _KeyedColumns:
     group: tuple[Any, ...]
     aggregates: tuple[Column, ...]
     output: tuple[Any, ...]
+    tile_group: tuple[Column, ...]
+    tile_group_names: tuple[str, ...]
+    tile_output: tuple[Any, ...]
 
 
 _KEYED_CACHE: dict[tuple[Any, int, int], _KeyedColumns] = {}
@@ -470,8 +485,7 @@ def _build_keyed_columns(slide_seconds: int, last_items_n: int) -> _KeyedColumns
         return F.transform(entries, lambda e: F.struct(
             F.unix_micros(e["event_time"]).alias("event_us"), e["item_id"].alias("item_id")))
 
-    output = (
-        "kind", "key", _tile_start_from_window(),
+    values = (
         "views", "carts", "purchases", "spend", "units", "items_viewed",
         sum_category_weights(F.col("_categories")).alias("category_weights"),
         micros(latest_distinct_items(F.col("_viewed"), last_items_n)).alias("last_viewed"),
@@ -480,11 +494,16 @@ def _build_keyed_columns(slide_seconds: int, last_items_n: int) -> _KeyedColumns
         F.unix_micros("_max_time").alias("max_us"),
         F.unix_micros("_price_time").alias("price_us"),
     )
+    tile_start = tile_start_seconds("event_time", slide_seconds)
     return _KeyedColumns(
         used=used,
         role=F.explode(F.filter(roles, lambda r: r.isNotNull())).alias("_r"),
         role_fields=(F.col("_r.kind").alias("kind"), F.col("_r.key").alias("key")),
         group=("kind", "key", _window(slide_seconds)),
         aggregates=aggregates,
-        output=output,
+        output=("kind", "key", _tile_start_from_window(), *values),
+        tile_group=(F.xxhash64("kind", "key", tile_start).alias("_group_hash"),
+                    tile_start.alias("tile_start")),
+        tile_group_names=("_group_hash", "kind", "key", "tile_start"),
+        tile_output=("kind", "key", "tile_start", *values),
     )

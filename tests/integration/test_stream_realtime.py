@@ -55,6 +55,28 @@ def _rt_rows(spark: Any, events: Any) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def test_a_static_batch_is_tiled_as_the_streaming_aggregation_tiles_it(spark: Any) -> None:
+    """keyed_tiles groups a static batch by a hash and the tile's start (a faster sort), and
+    a stream by the watermarked window: the same rows, in one shuffle when partitioned."""
+    from pyspark.sql import functions as F
+
+    from features.tiles import keyed_tiles
+
+    def ordered(tiles: Any) -> Any:  # the two arrays whose order is unspecified
+        return tiles.withColumns({c: F.array_sort(c) for c in ("items_viewed", "category_weights")})
+
+    events = spark.createDataFrame(_events(600, 5), EVENT_SCHEMA)
+    windowed = ordered(keyed_tiles(events, slide_seconds=60, last_items_n=4, windowed=True))
+    batch = keyed_tiles(events, slide_seconds=60, last_items_n=4, partitions=3)
+    assert batch.schema == windowed.schema
+    assert ordered(batch).count() == windowed.count() > 100
+    assert (ordered(batch).exceptAll(windowed).count() == 0
+            and windowed.exceptAll(ordered(batch)).count() == 0)
+    plan = batch._jdf.queryExecution().executedPlan().toString()
+    assert "_group_hash" in plan and "window" not in plan.lower()
+    assert plan.count("Exchange") == 1, plan
+
+
 def _flush_rows(writer: Any, rows: Any) -> None:
     """Add every tile row to a connected ``RealtimeWriter`` and flush them as a final flush."""
     for row in rows:
