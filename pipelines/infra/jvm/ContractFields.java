@@ -3,6 +3,7 @@ package shopstream;
 import java.io.IOException;
 import java.math.BigDecimal;
 import java.time.ZoneOffset;
+import java.util.Arrays;
 import java.util.HashMap;
 
 import com.fasterxml.jackson.core.JsonFactory;
@@ -106,7 +107,7 @@ public final class ContractFields implements UDF1<String, Row> {
     if (onePass && text.length() <= FLAT_MAX_CHARS && readFlat(text, out)) {
       return RowFactory.create(out);
     }
-    java.util.Arrays.fill(out, null);
+    Arrays.fill(out, null);
     Variant doc;
     try {
       doc = VariantBuilder.parseJson(text, allowDuplicateKeys, validateUnicode);
@@ -193,7 +194,7 @@ public final class ContractFields implements UDF1<String, Row> {
           }
         }
         if (count == seen.length) {
-          seen = java.util.Arrays.copyOf(seen, count * 2);
+          seen = Arrays.copyOf(seen, count * 2);
         }
         seen[count++] = name;
         Integer at = index.get(name);
@@ -218,15 +219,12 @@ public final class ContractFields implements UDF1<String, Row> {
             break;
           case VALUE_NUMBER_INT:
           case VALUE_NUMBER_FLOAT: {
-            double number = number(parser, token);
-            if (base >= 0) {
+            double value = numberOf(parser, token);
+            if (at != null) {
               if (wantsText[at]) {
                 return false;  // its text is the variant's JSON of the number
               }
-              out[base] = "NUMBER";
-              if (wantsNumber[at]) {
-                out[base + 2] = number;
-              }
+              number(at, out, value);
             }
             break;
           }
@@ -245,7 +243,7 @@ public final class ContractFields implements UDF1<String, Row> {
   }
 
   /** A JSON number's value as VariantBuilder stores it (long, decimal, else double). */
-  private static double number(JsonParser parser, JsonToken token) throws IOException {
+  private static double numberOf(JsonParser parser, JsonToken token) throws IOException {
     if (token == JsonToken.VALUE_NUMBER_INT) {
       try {
         return (double) parser.getLongValue();
