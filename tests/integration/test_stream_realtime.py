@@ -75,6 +75,17 @@ def test_a_static_batch_is_tiled_as_the_streaming_aggregation_tiles_it(spark: An
     plan = batch._jdf.queryExecution().executedPlan().toString()
     assert "_group_hash" in plan and "window" not in plan.lower()
     assert plan.count("Exchange") == 1, plan
+    # each latest-value column is computed only for the kinds that read it (KEYED_TILE_COLUMNS)
+    filled = {row["kind"]: row.asDict() for row in batch.groupBy("kind").agg(
+        *[F.count(c).alias(c) for c in ("category_id", "region", "item_id", "price", "price_us")],
+        F.count("*").alias("rows")).collect()}
+    assert filled["user"] == dict(kind="user", category_id=0, region=0, item_id=0, price=0,
+                                  price_us=0, rows=filled["user"]["rows"])
+    assert filled["item"]["item_id"] == 0 and filled["sales"]["price"] == 0
+    assert filled["sales"]["price_us"] == 0
+    assert filled["item"]["category_id"] == filled["item"]["rows"] > 0
+    assert filled["item"]["price"] > 0
+    assert filled["sales"]["item_id"] == filled["sales"]["rows"] > 0
 
 
 def _flush_rows(writer: Any, rows: Any) -> None:
