@@ -160,16 +160,22 @@ def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bo
 
 def register_contract_fields(spark: SparkSession, class_name: str | None = None) -> bool:
     """Register :data:`features.validation.CONTRACT_FIELDS_FUNCTION` in ``spark`` (the Java
-    class of :mod:`pipelines.infra.jvm_jar`, given the contract's fields); the
-    validation then reads the fields with it. False, with a warning, when the session's
-    JVM does not have the class (a session started before, without the jar): the
-    validation then reads them with Spark's own expressions, to the same verdicts."""
+    class of :mod:`pipelines.infra.jvm_jar`, given the contract's fields) and, from the
+    same jar, :data:`features.validation.VALID_UTF8_FUNCTION`; the validation then reads
+    the fields, and checks the bytes, with them. False, with a warning, when the
+    session's JVM does not have the class (a session started before, without the jar):
+    the validation then uses Spark's own expressions, to the same verdicts."""
     from functools import reduce
 
     from py4j.protocol import Py4JError
+    from pyspark.sql.types import BooleanType
 
-    from features.validation import CONTRACT_FIELDS_FUNCTION, contract_fields_arguments
-    from pipelines.infra.jvm_jar import CONTRACT_FIELDS_CLASS
+    from features.validation import (
+        CONTRACT_FIELDS_FUNCTION,
+        VALID_UTF8_FUNCTION,
+        contract_fields_arguments,
+    )
+    from pipelines.infra.jvm_jar import CONTRACT_FIELDS_CLASS, VALID_UTF8_CLASS
 
     class_name = class_name or CONTRACT_FIELDS_CLASS
     names, wants_text, wants_number, struct = contract_fields_arguments()
@@ -187,6 +193,7 @@ def register_contract_fields(spark: SparkSession, class_name: str | None = None)
         instance = reduce(getattr, class_name.split("."), jvm)(
             array(jvm.java.lang.String, names), array(jvm.boolean, wants_text),
             array(jvm.boolean, wants_number))
+        valid_utf8 = reduce(getattr, VALID_UTF8_CLASS.split("."), jvm)()
     except (Py4JError, TypeError) as exc:
         log.warning("the contract-fields class %s is not in this Spark session's JVM (%s): "
                     "the validation reads the fields with Spark's own expressions",
@@ -195,6 +202,8 @@ def register_contract_fields(spark: SparkSession, class_name: str | None = None)
     jsession = spark._jsparkSession  # type: ignore[attr-defined]
     jsession.udf().register(CONTRACT_FIELDS_FUNCTION, instance,
                             jsession.parseDataType(struct.json()))
+    jsession.udf().register(VALID_UTF8_FUNCTION, valid_utf8,
+                            jsession.parseDataType(BooleanType().json()))
     return True
 
 

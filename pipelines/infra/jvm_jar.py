@@ -1,7 +1,8 @@
 """shopstream's jar: the project's Java classes, compiled here against pyspark's jars.
 
 ``jvm/*.java``: ``ContractFields`` reads an event's fields for the validation in one pass
-(see its comment and :func:`features.validation.with_verdict`); ``EventDedup`` is the
+(see its comment and :func:`features.validation.with_verdict`) and ``ValidUtf8`` checks
+its bytes; ``EventDedup`` is the
 stream's deduplication, whose state expires without being read whole
 (:mod:`pipelines.streaming.dedup`). They are compiled with the machine's ``javac`` into
 ``<cache_dir>/jars/shopstream-jvm-<hash>.jar``; the hash is of the sources and the pyspark
@@ -25,11 +26,13 @@ from pathlib import Path
 
 from pipelines.settings import Settings
 
-__all__ = ["CONTRACT_FIELDS_CLASS", "EVENT_DEDUP_CLASS", "shopstream_jar", "JarBuildError"]
+__all__ = ["CONTRACT_FIELDS_CLASS", "EVENT_DEDUP_CLASS", "VALID_UTF8_CLASS", "shopstream_jar",
+           "JarBuildError"]
 
 log = logging.getLogger(__name__)
 
 CONTRACT_FIELDS_CLASS = "shopstream.ContractFields"
+VALID_UTF8_CLASS = "shopstream.ValidUtf8"
 EVENT_DEDUP_CLASS = "shopstream.EventDedup"
 _SOURCES = "infra/jvm"
 

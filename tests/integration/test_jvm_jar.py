@@ -27,7 +27,8 @@ def test_the_jar_is_built_once_and_found_again(make_settings: Any, tmp_path: Pat
     assert jar.parent == tmp_path / "cache" / "jars"
     with zipfile.ZipFile(jar) as archive:
         names = archive.namelist()
-    assert {"shopstream/ContractFields.class", "shopstream/EventDedup.class"} <= set(names)
+    assert {"shopstream/ContractFields.class", "shopstream/EventDedup.class",
+            "shopstream/ValidUtf8.class"} <= set(names)
     built = jar.stat().st_mtime_ns
     assert jvm_jar.shopstream_jar(settings) == jar
     assert jar.stat().st_mtime_ns == built, "an unchanged source was compiled again"

@@ -232,3 +232,67 @@ def test_the_java_function_reads_what_sparks_parser_reads(spark: Any) -> None:
     verdicts = {verdict for verdict, _ in java}
     # the edges reach both outcomes and the parser's own failures
     assert None in verdicts and "invalid_json" in verdicts and "wrong_type:price" in verdicts
+
+
+def _utf8_edge_bytes() -> list[bytes | None]:
+    """Byte strings at the edges of the UTF-8 function's eight-byte reads: every length up
+    to two words and a tail, one non-ASCII sequence (valid or not) at every position of
+    them, and seeded random bytes."""
+    ascii_text = b'{"event_id": "e-1", "region": "UK"}'
+    sequences = [b"\xc3\xa9", b"\xe2\x80\x99", b"\xf0\x9f\x98\x80",  # valid: 2, 3 and 4 bytes
+                 b"\x80", b"\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80",
+                 b"\xe2\x82", b"\xc3"]  # a continuation byte alone, 0xFF, an overlong form,
+    # a surrogate, past U+10FFFF, and sequences cut short
+    values: list[bytes | None] = [None, b""]
+    values += [ascii_text[:n] for n in range(1, 20)]
+    for sequence in sequences:
+        values += [ascii_text[:at] + sequence + ascii_text[at:] for at in range(0, 20)]
+    rng = random.Random(5)
+    values += [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 40))) for _ in range(300)]
+    values += [bytes(rng.randrange(128) for _ in range(rng.randrange(1, 40))) for _ in range(100)]
+    return values
+
+
+def test_the_java_utf8_check_says_what_is_valid_utf8_says(spark: Any) -> None:
+    """The session's UTF-8 check (eight bytes at a time, Spark's own check past ASCII)
+    gives ``is_valid_utf8``'s answer for every byte string, and the validation uses it."""
+    from pyspark.sql import functions as F
+
+    from features.validation import VALID_UTF8_FUNCTION, with_verdict
+
+    values = _utf8_edge_bytes()
+    frame = spark.createDataFrame(list(enumerate(values)), "i long, value binary")
+    rows = frame.select("i", F.call_function(VALID_UTF8_FUNCTION, "value").alias("java"),
+                        F.is_valid_utf8("value").alias("spark")).orderBy("i").collect()
+    assert len(rows) == len(values)
+    differ = [(values[row["i"]], row["java"], row["spark"]) for row in rows
+              if row["java"] != row["spark"]]
+    assert not differ, f"{len(differ)} byte strings differ, e.g. {differ[:3]}"
+    answers = [row["java"] for row in rows]
+    assert answers.count(True) > 100 and answers.count(False) > 100 and answers[0] is None
+
+    checked = with_verdict(spark.createDataFrame([(b'{"event_id": "\xc3"}',)], "value binary"))
+    assert checked.select("reason").first() == ("invalid_encoding",)
+    assert VALID_UTF8_FUNCTION in checked._jdf.queryExecution().analyzed().toString()
+
+
+def test_the_blank_check_compares_once_before_its_startswith_calls(spark: Any) -> None:
+    """``_blank``'s one comparison before its ``startswith`` calls changes no answer: the
+    texts that start with each whitespace character, the characters just above and below
+    it, non-ASCII ones and Unicode spaces (not blank to Spark's ``btrim``) are blank
+    exactly when ``btrim`` leaves nothing."""
+    from pyspark.sql import functions as F
+
+    from features.events import WHITESPACE
+    from features.validation import _blank
+
+    texts = ["", "x", "!", " ", "  ", "\t\n", " x", "x ", "\u00a0", "\u3000", "é", "\x1f", "\x00",
+             *[ch + tail for ch in WHITESPACE for tail in ("", "a", ch, "\u00a0")],
+             *[chr(ord(ch) + step) for ch in WHITESPACE for step in (-1, 1)]]
+    frame = spark.createDataFrame([(t,) for t in texts], "text string")
+    rows = frame.select("text", _blank(F.col("text")).alias("blank"),
+                        (F.length(F.btrim("text", F.lit(WHITESPACE))) == 0).alias("trimmed")).collect()
+    assert [row["text"] for row in rows] == texts
+    assert [(row["text"], row["blank"]) for row in rows] == [
+        (row["text"], row["trimmed"]) for row in rows]
+    assert any(row["blank"] for row in rows) and not all(row["blank"] for row in rows)
