@@ -14,7 +14,7 @@ Everything here is DataFrame in, DataFrame out; no session, no I/O.
 from __future__ import annotations
 
 import operator
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import reduce
 from typing import Literal
 
@@ -65,6 +65,8 @@ VALID_UTF8_FUNCTION = "shopstream_valid_utf8"
 """The session function that says whether a record's bytes are valid UTF-8, as
 ``is_valid_utf8`` does, eight bytes at a time where those walk them one by one
 (``pipelines/infra/jvm/ValidUtf8.java``, registered with :data:`CONTRACT_FIELDS_FUNCTION`)."""
+_MAX_FUTURE_MICROS = MAX_FUTURE // timedelta(microseconds=1)
+"""How far past its processing time an event's time may be, in microseconds."""
 _NUMBER = "NUMBER"
 """The contract-fields function's type of any JSON number (a long, decimal or double)."""
 FieldReader = Literal["auto", "jvm", "variant"]
@@ -171,8 +173,10 @@ def _field_checks(spec: FieldSpec, now: Column) -> list[tuple[Column, Reason]]:
         checks.append((present & ~is_string & ~is_number, Reason.WRONG_TYPE))
         parsed = F.col("_et")
         checks.append((present & parsed.isNull(), Reason.INVALID_TIMESTAMP))
+        # in microseconds since the epoch: the same comparison, where Spark adds an interval
+        # to a timestamp through a ZonedDateTime in the session's zone, for every record
         checks.append(
-            (present & (parsed > now + F.expr(f"INTERVAL {int(MAX_FUTURE.total_seconds())} SECONDS")),
+            (present & (F.unix_micros(parsed) > F.unix_micros(now) + F.lit(_MAX_FUTURE_MICROS)),
              Reason.FUTURE_TIMESTAMP)
         )
         return checks

@@ -296,3 +296,60 @@ def test_the_blank_check_compares_once_before_its_startswith_calls(spark: Any) -
     assert [(row["text"], row["blank"]) for row in rows] == [
         (row["text"], row["trimmed"]) for row in rows]
     assert any(row["blank"] for row in rows) and not all(row["blank"] for row in rows)
+
+
+def test_the_future_check_holds_its_bound_to_the_microsecond(spark: Any) -> None:
+    """The future-timestamp rule, now a comparison of microseconds, draws the line where
+    the Python validator does: at exactly the processing time plus ``MAX_FUTURE`` an event
+    is valid, one microsecond later it is not; epoch millis likewise. Rows carry their own
+    processing time, as the stream's Kafka timestamps do."""
+    from datetime import timedelta
+
+    from pyspark.sql import functions as F
+
+    from features.events import MAX_FUTURE
+    from features.validation import with_verdict
+
+    edge = NOW + MAX_FUTURE
+    times: list[Any] = [
+        *(t.isoformat(timespec="microseconds").replace("+00:00", "Z")
+          for t in (edge - timedelta(microseconds=1), edge, edge + timedelta(microseconds=1),
+                    edge + timedelta(days=1), NOW - timedelta(days=400))),
+        int(edge.timestamp() * 1000), int(edge.timestamp() * 1000) + 1,
+    ]
+    values = [json.dumps({**GOOD, "event_time": t}).encode() for t in times]
+    expected = [_python(v)[0] for v in values]
+    assert expected == [None, None, "future_timestamp:event_time", "future_timestamp:event_time",
+                        None, None, "future_timestamp:event_time"]
+    frame = spark.createDataFrame([(i, v, NOW) for i, v in enumerate(values)],
+                                  "i long, value binary, now timestamp")
+    rows = with_verdict(frame, now=F.col("now")).orderBy("i").collect()
+    got = [None if r["reason"] is None else f"{r['reason']}:{r['field']}" for r in rows]
+    assert got == expected
+
+
+def test_the_partition_columns_are_the_utc_date_and_hour(spark: Any) -> None:
+    """``utc_date`` and ``utc_hour``, computed from microseconds, give what ``date_format``
+    and ``hour`` give in a UTC session, around midnights and hours, before the epoch, in
+    leap years and at the ends of the four-digit years."""
+    from datetime import UTC, datetime, timedelta
+
+    from pyspark.sql import functions as F
+
+    from pipelines.offline_store import utc_date, utc_hour
+
+    anchors = [datetime(1970, 1, 1, tzinfo=UTC), datetime(1969, 12, 31, 23, tzinfo=UTC),
+               datetime(2024, 2, 29, tzinfo=UTC), datetime(2024, 3, 1, tzinfo=UTC),
+               datetime(2026, 11, 29, 13, tzinfo=UTC), datetime(1900, 3, 1, tzinfo=UTC),
+               datetime(1, 1, 2, tzinfo=UTC), datetime(9999, 12, 31, 23, tzinfo=UTC)]
+    steps = [timedelta(microseconds=s) for s in (-1, 0, 1)] + [timedelta(minutes=59, seconds=59)]
+    times = [a + s for a in anchors for s in steps]
+    frame = spark.createDataFrame([(t,) for t in times], "t timestamp")
+    rows = frame.select(utc_date("t").alias("date"), utc_hour("t").alias("hour"),
+                        F.date_format("t", "yyyy-MM-dd").alias("want_date"),
+                        F.hour("t").alias("want_hour")).collect()
+    assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
+    assert len(rows) == len(times)
+    assert [(r["date"], r["hour"]) for r in rows] == [(r["want_date"], r["want_hour"]) for r in rows]
+    assert rows[0]["date"] == "1969-12-31" and rows[0]["hour"] == 23  # one µs before the epoch
+    assert {r["date"] for r in rows} >= {"2024-02-29", "0001-01-01", "9999-12-31"}

@@ -17,6 +17,7 @@ import org.apache.spark.sql.api.java.UDF1;
 import org.apache.spark.sql.internal.SQLConf;
 import org.apache.spark.types.variant.Variant;
 import org.apache.spark.types.variant.VariantBuilder;
+import org.apache.spark.unsafe.types.UTF8String;
 
 /**
  * The event contract's fields of one JSON record, read in one pass: shopstream's
@@ -64,6 +65,15 @@ public final class ContractFields implements UDF1<String, Row> {
 
   private final boolean onePass;
 
+  /**
+   * The type names, built once: Spark takes a UTF8String in a string field as it is, where
+   * it encodes a Java String anew for every record (a UTF8String.fromString per field).
+   */
+  private static final UTF8String VOID = UTF8String.fromString("VOID");
+  private static final UTF8String STRING = UTF8String.fromString("STRING");
+  private static final UTF8String NUMBER = UTF8String.fromString("NUMBER");
+  private static final UTF8String OTHER = UTF8String.fromString("OTHER");
+
   public ContractFields(String[] names, boolean[] wantsText, boolean[] wantsNumber) {
     this(names, wantsText, wantsNumber, true);
   }
@@ -84,7 +94,9 @@ public final class ContractFields implements UDF1<String, Row> {
   private void setUp() {
     HashMap<String, Integer> map = new HashMap<>();
     for (int i = 0; i < names.length; i++) {
-      map.put(names[i], i);
+      // interned, as the parser's field names are: a lookup then ends at the identity test
+      // of String.equals instead of comparing the bytes of two copies
+      map.put(names[i].intern(), i);
     }
     SQLConf conf = SQLConf.get();
     allowDuplicateKeys = Boolean.parseBoolean(
@@ -134,10 +146,10 @@ public final class ContractFields implements UDF1<String, Row> {
     int base = 1 + 3 * at;
     switch (value.getType()) {
       case NULL:
-        out[base] = "VOID";
+        out[base] = VOID;
         return;
       case STRING:
-        out[base] = "STRING";
+        out[base] = STRING;
         out[base + 1] = value.getString();
         return;
       case LONG:
@@ -153,7 +165,7 @@ public final class ContractFields implements UDF1<String, Row> {
         number(at, out, (double) value.getFloat());
         break;
       default:
-        out[base] = "OTHER";
+        out[base] = OTHER;
     }
     if (wantsText[at]) {
       out[base + 1] = value.toJson(ZoneOffset.UTC);
@@ -162,7 +174,7 @@ public final class ContractFields implements UDF1<String, Row> {
 
   private void number(int at, Object[] out, double number) {
     int base = 1 + 3 * at;
-    out[base] = "NUMBER";
+    out[base] = NUMBER;
     if (wantsNumber[at]) {
       out[base + 2] = number;
     }
@@ -207,14 +219,14 @@ public final class ContractFields implements UDF1<String, Row> {
               return false;
             }
             if (base >= 0) {
-              out[base] = "STRING";
+              out[base] = STRING;
               out[base + 1] = value;
             }
             break;
           }
           case VALUE_NULL:
             if (base >= 0) {
-              out[base] = "VOID";
+              out[base] = VOID;
             }
             break;
           case VALUE_NUMBER_INT:
