@@ -349,3 +349,69 @@ def test_running_users_finalize_like_all_tiles_as_writes_and_the_clock_go_on() -
     row = users.finalize("a", pyf.from_us(current * 1_000_000), last_items_n=3)
     assert row["views_24h"] == 0 and row["spend_24h"] == 0.0 and row["top_category"] is None
     assert row["distinct_items_viewed_1h"] == 0 and row["last_viewed_items"] == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_replacing_a_tile_changes_the_sums_as_removing_it_and_adding_the_new_one(seed: int) -> None:
+    """The feed replaces the clock's tile of a user at every event of it: the running sums
+    after a replacement are those of removing the old value and adding the new one, for a
+    tile that grows (an event more), one that changes everywhere, equal lists, and lists
+    holding an entry twice (no producer makes them; they still count)."""
+    import random
+
+    rnd = random.Random(seed)
+
+    def entries(n: int) -> list[dict]:
+        cats = rnd.sample(range(12), n)
+        return [{"category_id": f"c{c}", "weight": rnd.choice((1.0, 3.0, 5.0, 0.5, 0.1))}
+                for c in sorted(cats)]
+
+    def tile(cats: list[dict], items: list[str]) -> dict:
+        return {"views": rnd.randrange(9), "carts": rnd.randrange(3),
+                "purchases": rnd.randrange(3), "spend": rnd.choice((0.0, 19.99, 0.1, 3.0)),
+                "items_viewed": items, "category_weights": cats}
+
+    def grown(t: dict) -> dict:
+        cats = [dict(e) for e in t["category_weights"]]
+        if cats and rnd.random() < 0.7:
+            rnd.choice(cats)["weight"] += rnd.choice((1.0, 3.0, 5.0))
+        else:
+            cats.append({"category_id": f"c{rnd.randrange(12, 15)}", "weight": 1.0})
+        items = sorted({*t["items_viewed"], f"i{rnd.randrange(30)}"})
+        return {**t, "views": t["views"] + 1, "spend": t["spend"] + rnd.choice((0.0, 0.1)),
+                "category_weights": cats, "items_viewed": items}
+
+    def state(user: pyf._User) -> tuple:
+        return (user.counts, user.spend, {c: list(h) for c, h in user.weights.items()},
+                dict(user.items))
+
+    base = [tile(entries(rnd.randrange(1, 6)), [f"i{rnd.randrange(30)}" for _ in range(3)])
+            for _ in range(5)]
+    for step in range(200):
+        old = rnd.choice(base)
+        kind = rnd.randrange(4)
+        if kind == 0:
+            new = grown(old)
+        elif kind == 1:
+            new = tile(entries(rnd.randrange(0, 6)), [f"i{rnd.randrange(30)}" for _ in range(4)])
+        elif kind == 2:
+            new = {**old, "views": old["views"] + 1}  # same lists
+        else:  # entries twice, in the old value or the new one
+            doubled = [*old["category_weights"], *old["category_weights"][:1]]
+            new = grown(old)
+            old = {**old, "category_weights": doubled,
+                   "items_viewed": [*old["items_viewed"], *old["items_viewed"][:1]]}
+            if rnd.random() < 0.5:
+                old, new = new, old
+        for window in pyf.WINDOW_SECONDS:
+            fast, slow = pyf._User(0, 0.0), pyf._User(0, 0.0)
+            for other in base:  # what the windows hold besides
+                fast.add(other, window, 1)
+                slow.add(other, window, 1)
+            fast.add(old, window, 1)
+            slow.add(old, window, 1)
+            fast.replace(old, new, window)
+            slow.add(old, window, -1)
+            slow.add(new, window, 1)
+            assert state(fast) == state(slow), (seed, step, kind, window)
+        base[rnd.randrange(len(base))] = new
