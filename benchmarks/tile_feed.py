@@ -21,6 +21,12 @@ Measured, alternately (``--repeats`` times each, ABBA order), on a Redis emptied
   topic, and one pipelined ``HSET`` per row goes to the same redis-server. That is the
   cost of moving the rows alone, with no features.
 
+Then the same rows in **live-sized flushes** (``--live-flush`` rows each, read from the
+topic once, so Kafka is out of both): a drain takes up to 30,000 rows a flush and merges
+the rows of one tile, but caught up the feed flushes every 20 ms, about 80 rows at
+2,000 events/s, each row a touch of its own. Its cost per row there (thread CPU) is what
+the live load costs it; the peer writes the same flushes with one pipelined ``HSET`` a row.
+
 Usage: ``python -m benchmarks.tile_feed [--events N] [--batch B] [--repeats R]``.
 """
 
@@ -40,6 +46,9 @@ from benchmarks.common import RESULTS_DIR, BenchResult, bench_settings, plot_bar
 __all__ = ["main"]
 
 DRAIN_TIMEOUT_S = 900.0
+LIVE_FLUSH_ROWS = 80
+"""Rows per flush when the feed keeps up at 2,000 events/s: about 4,000 tile rows/s, a flush
+every 20 ms (``pipelines.streaming.realtime.MIN_CYCLE_S``)."""
 
 
 def _say(text: str) -> None:
@@ -167,6 +176,78 @@ def _raw_run(settings: Any, rows: int) -> float:
         client.close()
 
 
+def _topic_records(settings: Any, rows: int) -> list[tuple[bytes, float]]:
+    """Every row of the tiles topic (value, send time in epoch seconds), as a consumer polls them."""
+    from kafka import TopicPartition
+
+    from pipelines.connections import kafka_consumer
+
+    topic = settings.kafka_topic_rt_tiles
+    consumer = kafka_consumer(settings)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        records: list[tuple[bytes, float]] = []
+        started = time.monotonic()
+        while len(records) < rows:
+            if time.monotonic() - started > DRAIN_TIMEOUT_S:
+                raise RuntimeError(f"read {len(records):,} of {rows:,} tile rows in "
+                                   f"{DRAIN_TIMEOUT_S:.0f} s")
+            for part in consumer.poll(timeout_ms=200, max_records=10_000).values():
+                records.extend((r.value, r.timestamp / 1000) for r in part)
+        return records
+    finally:
+        consumer.close()
+
+
+def _live_feed_run(settings: Any, records: list[tuple[bytes, float]], flush_rows: int
+                   ) -> tuple[float, float]:
+    """(seconds, thread CPU seconds) the feed's writer takes for ``records`` in flushes of
+    ``flush_rows``, with the feed's collector settings, on an emptied Redis."""
+    import orjson
+
+    from pipelines.streaming.heap import HeapFreezer, YoungThreshold
+    from pipelines.streaming.realtime import RealtimeWriter
+
+    _empty_redis(settings)
+    writer = RealtimeWriter(settings)
+    young = YoungThreshold(settings.stream_realtime_gc_young_threshold)
+    heap = HeapFreezer(settings.stream_realtime_gc_freeze_seconds)
+    writer.connect()
+    young.install()
+    try:
+        started, cpu = time.monotonic(), time.thread_time()
+        for i in range(0, len(records), flush_rows):
+            for value, sent in records[i:i + flush_rows]:
+                writer.add(orjson.loads(value), sent)
+            writer.flush()
+            heap.step()
+        writer.flush(final=True)
+        return time.monotonic() - started, time.thread_time() - cpu
+    finally:
+        young.remove()
+        writer.disconnect()
+
+
+def _live_raw_run(settings: Any, records: list[tuple[bytes, float]], flush_rows: int) -> float:
+    """Seconds one pipelined ``HSET`` per row takes for ``records``, a pipeline per flush."""
+    from pipelines.connections import redis_client
+
+    _empty_redis(settings)
+    client = redis_client(settings)
+    try:
+        started = time.monotonic()
+        for i in range(0, len(records), flush_rows):
+            pipe = client.pipeline(transaction=False)
+            for n, (value, _) in enumerate(records[i:i + flush_rows]):
+                pipe.hset(b"bench:tile:%d" % ((i + n) % 50_000), b"v", value)
+            pipe.execute()
+        return time.monotonic() - started
+    finally:
+        client.close()
+
+
 def main(argv: list[str] | None = None) -> BenchResult:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -174,10 +255,12 @@ def main(argv: list[str] | None = None) -> BenchResult:
     parser.add_argument("--batch", type=int, default=2_000,
                         help="events per micro-batch of the tile rows' setup")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each, alternating")
+    parser.add_argument("--live-flush", type=int, default=LIVE_FLUSH_ROWS,
+                        help="rows per flush in the live-sized runs")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where plots go")
     args = parser.parse_args(argv if argv is not None else [])
-    if args.events <= 0 or args.batch <= 0 or args.repeats <= 0:
-        parser.error("--events, --batch and --repeats must be positive")
+    if min(args.events, args.batch, args.repeats, args.live_flush) <= 0:
+        parser.error("--events, --batch, --repeats and --live-flush must be positive")
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from benchmarks.streaming_throughput import _backlog, _topic
@@ -229,14 +312,45 @@ def main(argv: list[str] | None = None) -> BenchResult:
                             "runs_s": ", ".join(f"{s:.2f}" for s in times["raw"]),
                             "redis_keys": keys["raw"]})
         result.ratios["tile rows/s: the feed / raw Kafka + raw Redis"] = median["raw"] / median["feed"]
+        records = _topic_records(settings, rows)
+        live: dict[str, list[float]] = {"feed": [], "raw": [], "cpu": []}
+        for i, which in enumerate(order, 1):
+            if which == "feed":
+                seconds, cpu = _live_feed_run(settings, records, args.live_flush)
+                live["cpu"].append(cpu)
+            else:
+                seconds = _live_raw_run(settings, records, args.live_flush)
+            live[which].append(seconds)
+            _say(f"live-sized flushes, run {i}/{len(order)}, {which}: {rows:,} rows in "
+                 f"{seconds:.2f} s ({rows / seconds:,.0f} rows/s)")
+        live_median = {k: statistics.median(v) for k, v in live.items()}
+        result.rows.append({"system": f"shopstream feed's writer, flushes of {args.live_flush} rows",
+                            "rows": rows, "runs": len(live["feed"]),
+                            "median_s": live_median["feed"],
+                            "rows_per_s": rows / live_median["feed"],
+                            "cpu_us_per_row": live_median["cpu"] / rows * 1e6,
+                            "runs_s": ", ".join(f"{s:.2f}" for s in live["feed"])})
+        result.rows.append({"system": f"pipelined HSET per row, flushes of {args.live_flush} rows "
+                                      "(raw Redis)",
+                            "rows": rows, "runs": len(live["raw"]),
+                            "median_s": live_median["raw"],
+                            "rows_per_s": rows / live_median["raw"],
+                            "runs_s": ", ".join(f"{s:.2f}" for s in live["raw"])})
+        result.ratios[f"tile rows/s in flushes of {args.live_flush}: the feed / raw Redis"] = (
+            live_median["raw"] / live_median["feed"])
         result.notes.append(
             f"{args.events:,} generated events (2 % malformed, duplicates) in micro-batches of "
             f"{args.batch:,}: {rows:,} tile rows; runs in the order {', '.join(order)}, "
             "Redis emptied before each, the feed a fresh one each time")
+        result.notes.append(
+            f"live-sized flushes: the same rows from memory (Kafka out of both), "
+            f"{args.live_flush} a flush, one touch per row; the feed's thread CPU per row is "
+            "what the live load costs it (rows/s x CPU per row = the share of a core it needs)")
         result.plots.append(str(plot_bars(
-            ["tile rows/s"],
-            {"tile rows/s (median)": {"shopstream feed": [rows / median["feed"]],
-                                      "raw Kafka + Redis": [rows / median["raw"]]}},
+            ["drain", f"flushes of {args.live_flush}"],
+            {"tile rows/s (median)": {
+                "shopstream feed": [rows / median["feed"], rows / live_median["feed"]],
+                "raw peer": [rows / median["raw"], rows / live_median["raw"]]}},
             args.results_dir / "tile_feed.png", title="Real-time tile feed, one thread")))
     finally:
         broker.stop()

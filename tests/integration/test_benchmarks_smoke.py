@@ -110,6 +110,12 @@ def test_tile_feed_smoke(tmp_path: Path) -> None:
     assert _positive(feed["rows_per_s"]) and _positive(raw["rows_per_s"]), _explain(payload)
     assert feed["redis_keys"] > raw["redis_keys"] > 0, _explain(payload)
     assert _positive(payload["ratios"]["tile rows/s: the feed / raw Kafka + raw Redis"])
+    # the same rows in live-sized flushes: every row of them, and the feed's CPU per row
+    live = _row(payload, "shopstream feed's writer, flushes of")
+    live_raw = _row(payload, "pipelined HSET per row, flushes of")
+    assert live["rows"] == live_raw["rows"] == feed["rows"], _explain(payload)
+    assert _positive(live["rows_per_s"]) and _positive(live["cpu_us_per_row"]), _explain(payload)
+    assert _positive(live_raw["rows_per_s"]), _explain(payload)
     assert (results / "tile_feed.png").is_file()
 
 
