@@ -27,7 +27,7 @@ the rows of one tile, but caught up the feed flushes every 20 ms, about 80 rows 
 2,000 events/s, each row a touch of its own. Its cost per row there (thread CPU) is what
 the live load costs it; the peer writes the same flushes with one pipelined ``HSET`` a row.
 
-Usage: ``python -m benchmarks.tile_feed [--events N] [--batch B] [--repeats R]``.
+Usage: ``python -m benchmarks.tile_feed [--events N] [--batch B] [--repeats R] [--live-flush F]``.
 """
 
 from __future__ import annotations
