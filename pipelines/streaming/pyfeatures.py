@@ -755,7 +755,7 @@ class _User:
         counts[2] += int(new["purchases"]) - int(old["purchases"])
         was, now = float(old["spend"]), float(new["spend"])
         if was != now:
-            self.spend[window] += (_exact(now) if now else 0) - (_exact(was) if was else 0)
+            self.spend[window] += _exact(now) - _exact(was)
         if window == LONG_WINDOW:
             self._replace_weights(old["category_weights"], new["category_weights"])
         if window == SHORT_WINDOW:
@@ -770,29 +770,27 @@ class _User:
             self._add_weights(old, -1)
             self._add_weights(new, 1)
             return
-        weights = self.weights
         for entry in new:
             cat = entry["category_id"]
             weight = float(entry["weight"])
             had = before.pop(cat, None)
-            if had == weight:
-                continue
-            held = weights.get(cat)
-            if held is None:
-                held = weights[cat] = [0, 0]
-            if had is None:
-                held[0] += _exact(weight)
-                held[1] += 1
-            else:
-                held[0] += _exact(weight) - _exact(had)
+            if had is None:  # in the new tile only
+                self._shift_weight(cat, _exact(weight), 1)
+            elif had != weight:
+                self._shift_weight(cat, _exact(weight) - _exact(had), 0)
         for cat, had in before.items():  # in the old tile only
-            held = weights.get(cat)
-            if held is None:
-                held = weights[cat] = [0, 0]
-            held[0] -= _exact(had)
-            held[1] -= 1
-            if not held[1]:
-                del weights[cat]
+            self._shift_weight(cat, -_exact(had), -1)
+
+    def _shift_weight(self, cat: str, weight: int | Fraction, tiles: int) -> None:
+        """One category's long-window weight and count of tiles holding it, changed by these
+        (as :meth:`_add_weights` changes them: gone when no tile holds it)."""
+        held = self.weights.get(cat)
+        if held is None:
+            held = self.weights[cat] = [0, 0]
+        held[0] += weight
+        held[1] += tiles
+        if not held[1]:
+            del self.weights[cat]
 
     def _add_weights(self, entries: list[Mapping[str, Any]], sign: int) -> None:
         weights = self.weights
