@@ -764,6 +764,10 @@ def _wait_realtime(rtm: Any, sinks: Any, options: StreamOptions,
                 break
             if rtm.query.awaitTermination(0.5):
                 break
+            try:
+                rtm.check()
+            except RuntimeError as exc:  # a tile feed failed: its tiles would wait unapplied
+                raise StreamFailed(str(exc)) from exc
             if recorder is not None:
                 # whether input waits is not known here: the query reports progress once
                 # an epoch ends (every stream_realtime_checkpoint_seconds); its freshness is

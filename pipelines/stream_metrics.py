@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -184,11 +185,26 @@ def _sample(value: float) -> str:
     return str(int(number)) if number.is_integer() and abs(number) < 2**53 else repr(number)
 
 
-def realtime_textfile_path(settings: Settings) -> Path | None:
-    """The Real-time feed's textfile, beside the job's (``<name>_rt.prom``: the textfile
-    collector reads every ``*.prom`` of its directory); ``None`` when there is none."""
+def realtime_textfile_path(settings: Settings, feed: int = 0) -> Path | None:
+    """The Real-time feed's textfile, beside the job's (``<name>_rt.prom``, feed #k's
+    ``<name>_rt<k>.prom`` from the second on: the textfile collector reads every ``*.prom``
+    of its directory); ``None`` when there is none."""
     path = textfile_path(settings)
-    return None if path is None else path.with_name(f"{path.stem}_rt.prom")
+    return None if path is None else path.with_name(f"{path.stem}_rt{feed or ''}.prom")
+
+
+def realtime_fields(fields: Mapping[str, str], feed: int) -> dict[str, str]:
+    """Feed #``feed``'s progress-hash fields: ``rt_...`` for the first, ``rt<k>_...`` for
+    the others, so feeds side by side keep their own figures."""
+    if not feed:
+        return dict(fields)
+    return {f"rt{feed}_{name.removeprefix('rt_')}": value for name, value in fields.items()}
+
+
+def realtime_feed_prefixes(progress: Mapping[str, Any]) -> list[str]:
+    """The field prefixes of the feeds with figures in ``progress`` (``rt_``, ``rt1_``...)."""
+    return sorted({name[:name.index("_") + 1] for name in progress
+                   if re.fullmatch(r"rt\d*_updated", name)}, key=lambda p: (len(p), p))
 
 
 def write_textfile(path: Path, text: str) -> None:
@@ -200,22 +216,25 @@ def write_textfile(path: Path, text: str) -> None:
 
 
 def realtime_prometheus_text(parts: Mapping[str, tuple[float, float, float]], tiles: int,
-                             at: datetime) -> str:
+                             at: datetime, feed: int = 0) -> str:
     """The Real-time feed's figures since its last report: freshness per ``part``
-    (``total``, ``query``, ``feed``) as p50 / p99 / max, and the tiles written."""
+    (``total``, ``query``, ``feed``) as p50 / p99 / max, and the tiles written; every
+    sample labelled with the feed's index (``feed="0"``...), as feeds side by side each
+    write a file."""
     name = f"{PREFIX}_rt_freshness_seconds"
     lines = [f"# HELP {name} Real-time freshness over the tiles since the last report: total "
              "(newest event -> in Redis), query (-> the tile sent), feed (sent -> in Redis).",
              f"# TYPE {name} gauge"]
     for part, values in parts.items():
         for quantile, value in zip(("0.5", "0.99", "1"), values, strict=True):
-            lines.append(f'{name}{{part="{part}",quantile="{quantile}"}} {_sample(value)}')
+            lines.append(f'{name}{{feed="{feed}",part="{part}",quantile="{quantile}"}} '
+                         f'{_sample(value)}')
     for metric, help_, value in (
         ("rt_tiles_written", "Tiles the feed wrote since its last report.", float(tiles)),
         ("rt_last_report_timestamp_seconds", "When the feed last reported.", at.timestamp()),
     ):
         lines += [f"# HELP {PREFIX}_{metric} {help_}", f"# TYPE {PREFIX}_{metric} gauge",
-                  f"{PREFIX}_{metric} {_sample(value)}"]
+                  f'{PREFIX}_{metric}{{feed="{feed}"}} {_sample(value)}']
     return "\n".join(lines) + "\n"
 
 
@@ -486,11 +505,19 @@ def stream_health(progress: Mapping[str, str], now: datetime,
         if progress.get("freshness_p99_s"):
             batch += f", freshness p99 {float(progress['freshness_p99_s']):.2f} s"
         parts.append(batch)
-    rt_stamp = _parse_time(progress.get("rt_updated"))
-    if rt_stamp and progress.get("rt_freshness_p99_s") and (since is None or rt_stamp >= since):
-        parts.append(f"real-time tiles p99 {float(progress['rt_freshness_p99_s']):.2f} s "
-                     f"(query {float(progress.get('rt_query_p99_s') or 0):.2f}, feed "
-                     f"{float(progress.get('rt_feed_p99_s') or 0):.2f}; {_ago(rt_stamp, now)})")
+    feeds = []  # (p99, prefix, stamp) of each feed with figures of this run
+    for prefix in realtime_feed_prefixes(progress):
+        rt_stamp = _parse_time(progress.get(f"{prefix}updated"))
+        p99 = progress.get(f"{prefix}freshness_p99_s")
+        if rt_stamp and p99 and (since is None or rt_stamp >= since):
+            feeds.append((float(p99), prefix, rt_stamp))
+    if feeds:  # the worst feed's: a probe's freshness is that of the feed of its key
+        p99, prefix, rt_stamp = max(feeds, key=lambda f: f[0])
+        which = "" if len(feeds) == 1 else f"feed #{prefix[2:-1] or 0} of {len(feeds)}, "
+        parts.append(f"real-time tiles p99 {p99:.2f} s ({which}query "
+                     f"{float(progress.get(f'{prefix}query_p99_s') or 0):.2f}, feed "
+                     f"{float(progress.get(f'{prefix}feed_p99_s') or 0):.2f}; "
+                     f"{_ago(rt_stamp, now)})")
     if progress.get("clock"):
         parts.append(f"features as of {progress['clock']}")
     return StreamHealth("running" if state == "running" else "unknown", "; ".join(parts))

@@ -63,7 +63,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -100,6 +100,8 @@ __all__ = [
     "POLL_MS",
     "RealtimeWriter",
     "TileFeed",
+    "Feeds",
+    "feed_partitions",
     "ensure_topic",
     "tile_messages",
     "RealtimeQuery",
@@ -250,7 +252,10 @@ class RealtimeWriter:
     at-least-once delivery is harmless.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, sales: bool = True, feed: int = 0) -> None:
+        """``sales``: this writer keeps the sales totals and the top lists (one feed of
+        several does: :func:`feed_partitions`); ``feed``: its index, which names its
+        figures in the progress hash and its textfile."""
         from pipelines.connections import redis_kwargs
 
         self.redis_kwargs = redis_kwargs(settings, timeout_ms=max(settings.redis_socket_timeout_ms,
@@ -260,9 +265,12 @@ class RealtimeWriter:
         self.top_n = settings.feature_top_n
         self.ttl = settings.online_ttl_seconds
         self.user_cache_tiles = settings.stream_realtime_user_cache_tiles
+        self.sales = sales
+        self.feed = feed
+        self._foreign_sales = 0
         from pipelines.stream_metrics import realtime_textfile_path
 
-        self.textfile = realtime_textfile_path(settings)
+        self.textfile = realtime_textfile_path(settings, feed)
         self.gc_pauses: GcPauses | None = None  # set by the feed while it runs
         self._client: Any = None
 
@@ -333,7 +341,8 @@ class RealtimeWriter:
         as_of = from_us(int(self._clock(keys=[rt_clock_key()], args=[max_us])))
         current = tile_of(as_of, self.slide)
         written = self._write_tiles(latest, current)
-        self._update_totals(written, current)
+        if self.sales:
+            self._update_totals(written, current)
         if current > self._items_tile:
             self._items.forget_before(current)
             self._users.trim(current, time.monotonic())
@@ -365,8 +374,8 @@ class RealtimeWriter:
         item tile replaces and the sales tiles the totals need (those leaving a window,
         or the whole window when there are no totals yet), all before the writes."""
         totals = self._totals
-        reads = (list(SalesTotals.window_tiles(current, self.slide)) if totals is None
-                 else totals.leaving(current))
+        reads = ([] if not self.sales else list(SalesTotals.window_tiles(current, self.slide))
+                 if totals is None else totals.leaving(current))
         out = _TileWrites(sales_reads=reads)
         batch = CommandBatch(self._client)
         add, ttl, now = batch.add, self.ttl, time.monotonic()
@@ -377,10 +386,13 @@ class RealtimeWriter:
             value = _encode_tile(tile_value)
             if kind == "sales":
                 name = rt_tiles_key("sales", str(tile))
-                out.sales.append((tile, tile_value, add("HGET", name, key)))
+                if self.sales:
+                    out.sales.append((tile, tile_value, add("HGET", name, key)))
+                    self.top_dirty = True
+                else:
+                    self._foreign_sale(key)
                 add("HSET", name, key, value)
                 add("EXPIRE", name, ttl)
-                self.top_dirty = True
                 continue
             name = rt_tiles_key(kind, key)
             if kind == "user":
@@ -393,6 +405,18 @@ class RealtimeWriter:
             out.touched[kind].add(key)
         out.replies = batch.execute()
         return out
+
+    def _foreign_sale(self, key: str) -> None:
+        """A sales tile reached a feed that keeps no totals: sent to another partition than
+        :data:`SALES_PARTITION` (by a query older than that rule, still in the topic). Its
+        tile is written; the top lists miss its change until the sales feed next rebuilds
+        its totals from the stored tiles (at its start, or after a Redis outage)."""
+        self._foreign_sales += 1
+        if self._foreign_sales == 1:
+            log.warning("real-time tile feed #%d: sales tile %s is not on partition %d; it is "
+                        "written, but the top lists take its change only when the sales feed "
+                        "next rebuilds its totals (its next start)", self.feed, key,
+                        SALES_PARTITION)
 
     def _update_totals(self, written: _TileWrites, current: int) -> None:
         """Move the sales totals to the clock's tile, then add each new sales tile's change."""
@@ -527,7 +551,11 @@ class RealtimeWriter:
         if not self._latencies:
             return
         from features.online_keys import stream_progress_key
-        from pipelines.stream_metrics import realtime_prometheus_text, write_textfile
+        from pipelines.stream_metrics import (
+            realtime_fields,
+            realtime_prometheus_text,
+            write_textfile,
+        )
 
         now = datetime.now(UTC)
         tiles = len(self._latencies)
@@ -548,10 +576,11 @@ class RealtimeWriter:
                            for q, v in zip(("p50", "p99", "max"), values, strict=True)})
         if self.textfile is not None:
             try:
-                write_textfile(self.textfile, realtime_prometheus_text(parts, tiles, now))
+                write_textfile(self.textfile, realtime_prometheus_text(parts, tiles, now,
+                                                                       feed=self.feed))
             except OSError as exc:  # figures are not worth the feed
                 log.warning("real-time: could not write %s: %s", self.textfile, exc)
-        self._client.hset(stream_progress_key(), mapping=fields)
+        self._client.hset(stream_progress_key(), mapping=realtime_fields(fields, self.feed))
 
 
 def _percentiles(values: list[float]) -> tuple[float, float, float]:
@@ -576,15 +605,24 @@ class TileFeed:
     (:mod:`pipelines.streaming.rt_snapshots`).
     """
 
-    def __init__(self, settings: Settings, *, new_checkpoint: bool = False) -> None:
+    def __init__(self, settings: Settings, *, new_checkpoint: bool = False, index: int = 0,
+                 feeds: int = 1, stop: threading.Event | None = None,
+                 abandoned: Callable[[], bool] | None = None) -> None:
         """``new_checkpoint``: the query starts on a checkpoint of its own for the first
         time, so tiles already in the topic that the feed has not applied were sent by
-        an earlier query (see :meth:`_warn_unread`)."""
+        an earlier query (see :meth:`_warn_unread`). ``index`` of ``feeds``: this feed
+        applies the tile topic's partitions ``p`` with ``p % feeds == index``
+        (:func:`feed_partitions`); feed 0 also keeps the sales totals and the top lists.
+        ``stop``: the event that asks it to stop (a process's signal handler sets it);
+        ``abandoned``: true when it must stop without writing what the topic holds (its
+        driver died: the next start's feed applies the rest from the committed offsets)."""
         self.settings = settings
         self.new_checkpoint = new_checkpoint
         self.topic = settings.kafka_topic_rt_tiles
-        self.writer = RealtimeWriter(settings)
-        self._stop = threading.Event()
+        self.index, self.feeds = index, feeds
+        self.writer = RealtimeWriter(settings, sales=index == 0, feed=index)
+        self._stop = stop or threading.Event()
+        self._abandoned = abandoned or (lambda: False)
         self._idle = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="rt-tile-feed", daemon=True)
@@ -607,12 +645,19 @@ class TileFeed:
         self._thread.join(timeout_s)
         self.check()
 
+    def run(self) -> None:
+        """The feed's loop in the calling thread, until :attr:`stop` is set and the topic's
+        tiles are written (a feed process's main thread; :meth:`start` runs it in one of its
+        own). Raises what stopped it."""
+        self._run()
+        self.check()
+
     def _run(self) -> None:
         from kafka import TopicPartition
 
         from pipelines.connections import kafka_consumer
 
-        consumer = kafka_consumer(self.settings, group_id=f"{QUERY_NAME}-feed",
+        consumer = kafka_consumer(self.settings, group_id=FEED_GROUP,
                                   max_partition_fetch_bytes=FETCH_PARTITION_BYTES)
         outage_since: float | None = None
         heap = HeapFreezer(self.settings.stream_realtime_gc_freeze_seconds)
@@ -622,8 +667,12 @@ class TileFeed:
         try:
             young.install()
             pauses.install()
-            parts = _partitions(consumer, self.topic)
+            parts = feed_partitions(_partitions(consumer, self.topic), self.index, self.feeds)
             tps = [TopicPartition(self.topic, p) for p in parts]
+            if self.feeds > 1:
+                log.info("real-time tile feed #%d of %d: partitions %s of %s%s", self.index,
+                         self.feeds, ",".join(map(str, parts)), self.topic,
+                         " (with the sales tiles and the top lists)" if self.index == 0 else "")
             consumer.assign(tps)
             self._rewind(consumer, tps)
             if self.new_checkpoint:
@@ -638,6 +687,12 @@ class TileFeed:
                 last_commit, uncommitted = time.monotonic(), False
 
             while True:
+                if self._abandoned():  # every row polled so far is flushed
+                    if uncommitted:
+                        commit()
+                    log.info("real-time tile feed #%d: stopped with its driver; what it has "
+                             "not written is applied after the next start", self.index)
+                    break
                 try:
                     cycle = time.monotonic()
                     polled = consumer.poll(timeout_ms=POLL_MS, max_records=MAX_FLUSH_ROWS)
@@ -737,6 +792,29 @@ class TileFeed:
                 consumer.seek(tp, committed)
 
 
+FEED_GROUP = f"{QUERY_NAME}-feed"
+"""The feeds' Kafka consumer group: each commits the offsets of its own partitions."""
+
+
+def feed_partitions(partitions: list[int], index: int, feeds: int) -> list[int]:
+    """The tile topic's partitions feed ``index`` of ``feeds`` applies: ``p % feeds == index``.
+
+    Partition 0, where :func:`tile_messages` puts every sales tile, is feed 0's. A user's
+    or an item's tiles all go to one partition (the key's), so each feed keeps the running
+    sums of its own entities only, and per-key order holds."""
+    if not 0 <= index < feeds:
+        raise ValueError(f"feed index {index} is not in 0..{feeds - 1}")
+    mine = [p for p in partitions if p % feeds == index]
+    if not mine:
+        raise RuntimeError(
+            f"real-time tile feed {index + 1} of {feeds} has no partition to apply: the tile "
+            f"topic has {len(partitions)}. Set SHOPSTREAM_STREAM_REALTIME_FEEDS to at most "
+            f"{len(partitions)}, or use a tile topic with more partitions "
+            "(SHOPSTREAM_KAFKA_TOPIC_RT_TILES; it is created with "
+            "SHOPSTREAM_KAFKA_TOPIC_PARTITIONS)")
+    return mine
+
+
 def _partitions(consumer: Any, topic: str, timeout_s: float = 60.0) -> list[int]:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -748,13 +826,21 @@ def _partitions(consumer: Any, topic: str, timeout_s: float = 60.0) -> list[int]
         time.sleep(0.2)
 
 
+SALES_PARTITION = 0
+"""The tile topic's partition of every sales tile: the sales totals and the top lists need
+them all, in one feed (:func:`feed_partitions`)."""
+
+
 def tile_messages(tiles: DataFrame) -> DataFrame:
     """Tile rows -> Kafka messages for the feed: key ``kind|key`` (per-key order), value the
-    full row as JSON, nulls kept (the feed reads every field)."""
+    full row as JSON, nulls kept (the feed reads every field). Sales tiles go to
+    :data:`SALES_PARTITION`; the others to the producer's partition of their key (a null
+    ``partition`` column)."""
     from pyspark.sql import functions as F
 
     return tiles.select(
         F.concat_ws("|", "kind", "key").alias("key"),
+        F.when(F.col("kind") == "sales", F.lit(SALES_PARTITION)).alias("partition"),
         F.to_json(F.struct(*[F.col(c) for c in tiles.columns]),
                   {"ignoreNullFields": "false"}).alias("value"))
 
@@ -779,10 +865,57 @@ def ensure_topic(settings: Settings) -> None:
 
 
 # ------------------------------------------------------------------- query
-class RealtimeQuery:
-    """The running Real-time query and its feed, with the hooks :func:`pipelines.stream.run_stream` uses."""
+class Feeds:
+    """The tile feeds of one driver: #0 a thread of it (:class:`TileFeed`), the others
+    processes (:class:`pipelines.streaming.feed_process.FeedProcess`), as one."""
 
-    def __init__(self, query: StreamingQuery, feed: TileFeed, spark: SparkSession,
+    def __init__(self, settings: Settings, *, new_checkpoint: bool = False) -> None:
+        from pipelines.streaming.feed_process import FeedProcess
+
+        n = settings.stream_realtime_feeds
+        if n > settings.kafka_topic_partitions:  # the topic's own count is checked by each feed
+            raise ValueError(
+                f"SHOPSTREAM_STREAM_REALTIME_FEEDS={n} is more than the tile topic's "
+                f"{settings.kafka_topic_partitions} partitions (SHOPSTREAM_KAFKA_TOPIC_PARTITIONS):"
+                " a feed applies whole partitions, so some would have none")
+        self.first = TileFeed(settings, new_checkpoint=new_checkpoint, feeds=n)
+        self.others = [FeedProcess(settings, k, n, new_checkpoint=new_checkpoint)
+                       for k in range(1, n)]
+
+    def start(self) -> None:
+        self.first.start()
+        for feed in self.others:
+            feed.start()
+
+    def check(self) -> None:
+        """Raise when a feed has failed (a feed only ends when it is stopped)."""
+        self.first.check()
+        for feed in self.others:
+            feed.check()
+
+    def caught_up(self) -> bool:
+        """Every tile the query has sent so far is in Redis."""
+        return self.first.caught_up() and all(feed.caught_up() for feed in self.others)
+
+    def stop(self, timeout_s: float = 120.0) -> None:
+        """Each writes what the topic holds, then stops (all asked first, so they drain
+        side by side); raises the first failure."""
+        for feed in self.others:  # SIGTERM now; stop() below waits
+            feed.ask_stop()
+        failure: BaseException | None = None
+        for feed in (self.first, *self.others):
+            try:
+                feed.stop(timeout_s)
+            except BaseException as exc:  # noqa: BLE001 - the others still stop
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+
+
+class RealtimeQuery:
+    """The running Real-time query and its feeds, with the hooks :func:`pipelines.stream.run_stream` uses."""
+
+    def __init__(self, query: StreamingQuery, feed: Feeds, spark: SparkSession,
                  settings: Settings, snapshots: bool = True) -> None:
         self.query = query
         self.feed = feed
@@ -790,6 +923,11 @@ class RealtimeQuery:
         self.settings = settings
         self.snapshots = snapshots
         self.checkpoint_seconds = settings.stream_realtime_checkpoint_seconds
+
+    def check(self) -> None:
+        """Raise when a feed has failed: the query alone would run on with nothing applying
+        its tiles."""
+        self.feed.check()
 
     def caught_up(self) -> bool:
         if self.query.exception() is not None:
@@ -945,7 +1083,7 @@ def start_realtime(spark: SparkSession, settings: Settings, *,
     out = realtime_tiles(spark, settings)
     ensure_topic(settings)
     checkpoint = query_checkpoint(settings, QUERY_NAME)
-    feed = TileFeed(settings, new_checkpoint=not _has_offsets(spark, checkpoint))
+    feed = Feeds(settings, new_checkpoint=not _has_offsets(spark, checkpoint))
     feed.start()
     # one shuffle partition per stateful stage: the query holds Kafka partitions + 2 slots
     previous = spark.conf.get("spark.sql.shuffle.partitions")
@@ -966,6 +1104,8 @@ def start_realtime(spark: SparkSession, settings: Settings, *,
         raise
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", previous)
-    log.info("real-time online query %s started (checkpoint every %ss), tiles via %s",
-             QUERY_NAME, settings.stream_realtime_checkpoint_seconds, settings.kafka_topic_rt_tiles)
+    log.info("real-time online query %s started (checkpoint every %ss), tiles via %s to %d "
+             "feed%s", QUERY_NAME, settings.stream_realtime_checkpoint_seconds,
+             settings.kafka_topic_rt_tiles, settings.stream_realtime_feeds,
+             "s" if settings.stream_realtime_feeds > 1 else "")
     return RealtimeQuery(query, feed, spark, settings, snapshots=snapshots)

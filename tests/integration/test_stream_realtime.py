@@ -475,12 +475,15 @@ def test_snapshots_left_at_the_stop_are_written_once(
     assert counts[0] == counts[1], "the second drain added rows"
 
 
+@pytest.mark.parametrize("feeds", [1, 2])
 def test_tile_feed_applies_what_spark_sends_through_kafka(
     spark: Any, make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any,
-    topic: str,
+    topic: str, feeds: int,
 ) -> None:
     """Tiles sent by Spark's Kafka sink, as the query encodes them, land in Redis exactly (same
-    tile values, the last sale in the top lists), and the feed commits what it applied."""
+    tile values, the last sale in the top lists), and the feed commits what it applied. With
+    two feeds (the second a process of its own) each applies its partitions: every sales
+    tile is on the first's, users and items on both."""
     from kafka import TopicPartition
 
     from features.online_keys import stream_progress_key
@@ -490,13 +493,14 @@ def test_tile_feed_applies_what_spark_sends_through_kafka(
     from pipelines.streaming.pyfeatures import TILE_OF_ROW
     from pipelines.streaming.realtime import (
         QUERY_NAME,
-        TileFeed,
+        SALES_PARTITION,
+        Feeds,
         _decode_tile,
         rt_tiles_key,
         tile_messages,
     )
 
-    settings = make_settings(kafka_topic_rt_tiles=topic)
+    settings = make_settings(kafka_topic_rt_tiles=topic, stream_realtime_feeds=feeds)
     events = spark.createDataFrame(_events(300, 23, start=AS_OF - timedelta(minutes=20),
                                            span_s=1200), EVENT_SCHEMA)
     events = events.unionByName(spark.createDataFrame(
@@ -507,8 +511,17 @@ def test_tile_feed_applies_what_spark_sends_through_kafka(
      .write.format("kafka").options(**settings.spark_kafka_options()).option("topic", topic)
      .save())
 
-    _run_until_caught_up(TileFeed(settings), 60, "the feed did not catch up")
+    _run_until_caught_up(Feeds(settings), 60, "the feeds did not catch up")
     took = time.time() - sent_from
+    partitions: dict[str, set[int]] = {"user": set(), "item": set(), "sales": set()}
+    reader = kafka_consumer(settings, topic, consumer_timeout_ms=2000)
+    try:
+        for message in reader:
+            partitions[message.key.decode().split("|", 1)[0]].add(message.partition)
+    finally:
+        reader.close()
+    assert partitions["sales"] == {SALES_PARTITION}
+    assert partitions["user"] == partitions["item"] == {0, 1}
 
     # the freshness report names where the time went: the query's part (the tiles were
     # sent years after their events) and the feed's (sent -> in Redis, this test's time)
@@ -531,6 +544,11 @@ def test_tile_feed_applies_what_spark_sends_through_kafka(
                 for s in family.samples if s.name == "shopstream_stream_rt_freshness_seconds"}
     for part, field in (("total", "freshness"), ("query", "query"), ("feed", "feed")):
         assert exported[(part, "1")] == pytest.approx(progress[f"rt_{field}_max_s"], abs=0.001)
+    if feeds == 2:  # the second feed's figures: fields and a textfile of its own
+        second = redis_client.hgetall(stream_progress_key())
+        assert float(second[b"rt1_feed_max_s"]) <= took and int(second[b"rt1_tiles_written"]) > 0
+        other = realtime_textfile_path(settings, 1)
+        assert other is not None and 'feed="1"' in other.read_text()
 
     expected = keyed_rows_of(spark, events)
     for row in expected:

@@ -250,6 +250,7 @@ def test_realtime_textfile_sits_beside_the_jobs_and_parses(tmp_path: Path) -> No
     explicit = Settings(_env_file=None,  # type: ignore[call-arg]
                         stream_metrics_textfile=str(tmp_path / "node" / "stream.prom"))
     assert realtime_textfile_path(explicit) == tmp_path / "node" / "stream_rt.prom"
+    assert realtime_textfile_path(explicit, 1) == tmp_path / "node" / "stream_rt1.prom"
     remote = Settings(_env_file=None, data_dir="s3a://bucket/shopstream")  # type: ignore[call-arg]
     assert realtime_textfile_path(remote) is None
     at = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
@@ -258,11 +259,17 @@ def test_realtime_textfile_sits_beside_the_jobs_and_parses(tmp_path: Path) -> No
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for family in text_string_to_metric_families(text) for s in family.samples}
     fresh = "shopstream_stream_rt_freshness_seconds"
-    assert samples[(fresh, (("part", "feed"), ("quantile", "0.99")))] == 1.4
-    assert samples[(fresh, (("part", "query"), ("quantile", "1")))] == 0.3
-    assert samples[(fresh, (("part", "total"), ("quantile", "0.5")))] == 0.2
-    assert samples[("shopstream_stream_rt_tiles_written", ())] == 4980
-    assert samples[("shopstream_stream_rt_last_report_timestamp_seconds", ())] == at.timestamp()
+    first = (("feed", "0"),)
+    assert samples[(fresh, (*first, ("part", "feed"), ("quantile", "0.99")))] == 1.4
+    assert samples[(fresh, (*first, ("part", "query"), ("quantile", "1")))] == 0.3
+    assert samples[(fresh, (*first, ("part", "total"), ("quantile", "0.5")))] == 0.2
+    assert samples[("shopstream_stream_rt_tiles_written", first)] == 4980
+    assert samples[("shopstream_stream_rt_last_report_timestamp_seconds", first)] == at.timestamp()
+    # a second feed's file: the same series, told apart by the label
+    second = realtime_prometheus_text({"total": (0.3, 0.9, 1.0)}, 12, at, feed=1)
+    labels = {tuple(sorted(s.labels.items())) for family in text_string_to_metric_families(second)
+              for s in family.samples}
+    assert (("feed", "1"),) in labels and all(dict(lab)["feed"] == "1" for lab in labels)
 
 
 def test_textfile_timestamps_are_exact(settings: Settings) -> None:
@@ -360,6 +367,25 @@ def test_realtime_figures_of_an_earlier_run_are_not_shown() -> None:
     assert "real-time tiles p99 0.41 s (query 0.13, feed 0.30; 4 s ago)" in shown
     old = {**rt, "rt_updated": (now - timedelta(hours=1)).isoformat()}
     assert "real-time" not in stream_health(_running(now, **old), now).message
+    # feeds side by side: the worst one's figures, named
+    second = {"rt1_updated": (now - timedelta(seconds=2)).isoformat(),
+              "rt1_freshness_p99_s": "0.950", "rt1_query_p99_s": "0.140", "rt1_feed_p99_s": "0.800"}
+    both = stream_health(_running(now, **rt, **second), now).message
+    assert "real-time tiles p99 0.95 s (feed #1 of 2, query 0.14, feed 0.80; 2 s ago)" in both
+    slower_first = {**second, "rt1_freshness_p99_s": "0.200"}
+    assert ("real-time tiles p99 0.41 s (feed #0 of 2, query 0.13, feed 0.30; 4 s ago)"
+            in stream_health(_running(now, **rt, **slower_first), now).message)
+
+
+def test_a_second_feeds_progress_fields_carry_its_index() -> None:
+    from pipelines.stream_metrics import realtime_feed_prefixes, realtime_fields
+
+    fields = {"rt_updated": "t", "rt_freshness_p99_s": "0.5", "rt_gc_pause_max_s": "0.010"}
+    assert realtime_fields(fields, 0) == fields
+    assert realtime_fields(fields, 2) == {"rt2_updated": "t", "rt2_freshness_p99_s": "0.5",
+                                          "rt2_gc_pause_max_s": "0.010"}
+    assert realtime_feed_prefixes({**fields, **realtime_fields(fields, 1), "clock": "x"}) == [
+        "rt_", "rt1_"]
 
 
 def test_the_heartbeat_reaches_prometheus_and_is_throttled(settings: Settings) -> None:
