@@ -17,6 +17,8 @@ those of a poll into one, so a poll's worth of events is close to a micro-batch.
 Measured, alternately (``--repeats`` times each, ABBA order), on a Redis emptied each time:
 
 - **the feed**: a fresh :class:`TileFeed` drains the topic from its start (tile rows/s);
+- **the feeds**: ``--feeds`` of them (``stream_realtime_feeds``: the first a thread, the
+  others processes, each on its share of the topic's partitions) drain it together;
 - **the peer, raw Kafka + raw Redis**: a plain kafka-python consumer polls the same
   topic, and one pipelined ``HSET`` per row goes to the same redis-server. That is the
   cost of moving the rows alone, with no features.
@@ -27,7 +29,8 @@ the rows of one tile, but caught up the feed flushes every 20 ms, about 80 rows 
 2,000 events/s, each row a touch of its own. Its cost per row there (thread CPU) is what
 the live load costs it; the peer writes the same flushes with one pipelined ``HSET`` a row.
 
-Usage: ``python -m benchmarks.tile_feed [--events N] [--batch B] [--repeats R] [--live-flush F]``.
+Usage: ``python -m benchmarks.tile_feed [--events N] [--batch B] [--repeats R] [--live-flush F]
+[--feeds K]``.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ from benchmarks.common import RESULTS_DIR, BenchResult, bench_settings, plot_bar
 __all__ = ["main"]
 
 DRAIN_TIMEOUT_S = 900.0
+TOPIC_PARTITIONS = 2
+"""The tiles topic's partitions: as many feeds at most (one per core here)."""
 LIVE_FLUSH_ROWS = 80
 """Rows per flush when the feed keeps up at 2,000 events/s: about 4,000 tile rows/s, a flush
 every 20 ms (``pipelines.streaming.realtime.MIN_CYCLE_S``)."""
@@ -124,13 +129,14 @@ def _redis_keys(settings: Any) -> int:
         client.close()
 
 
-def _feed_run(settings: Any, rows: int) -> float:
-    """Seconds a fresh feed takes to write every row of the topic."""
-    from pipelines.streaming.realtime import TileFeed
+def _feed_run(settings: Any, rows: int, feeds: int = 1) -> float:
+    """Seconds ``feeds`` fresh feeds (:class:`pipelines.streaming.realtime.Feeds`) take to
+    write every row of the topic."""
+    from pipelines.streaming.realtime import Feeds
 
     _empty_redis(settings)
     _rewind_feed_group(settings)
-    feed = TileFeed(settings)
+    feed = Feeds(settings.model_copy(update={"stream_realtime_feeds": feeds}))
     started = time.monotonic()
     feed.start()
     try:
@@ -257,10 +263,15 @@ def main(argv: list[str] | None = None) -> BenchResult:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each, alternating")
     parser.add_argument("--live-flush", type=int, default=LIVE_FLUSH_ROWS,
                         help="rows per flush in the live-sized runs")
+    parser.add_argument("--feeds", type=int, default=TOPIC_PARTITIONS,
+                        help=f"feeds side by side in the third drain (1: no such run; at most "
+                             f"the topic's {TOPIC_PARTITIONS} partitions)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where plots go")
     args = parser.parse_args(argv if argv is not None else [])
-    if min(args.events, args.batch, args.repeats, args.live_flush) <= 0:
-        parser.error("--events, --batch, --repeats and --live-flush must be positive")
+    if min(args.events, args.batch, args.repeats, args.live_flush, args.feeds) <= 0:
+        parser.error("--events, --batch, --repeats, --live-flush and --feeds must be positive")
+    if args.feeds > TOPIC_PARTITIONS:
+        parser.error(f"--feeds: at most the tile topic's {TOPIC_PARTITIONS} partitions")
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from benchmarks.streaming_throughput import _backlog, _topic
@@ -268,7 +279,8 @@ def main(argv: list[str] | None = None) -> BenchResult:
     from pipelines.spark import spark_session
 
     tag = uuid.uuid4().hex[:8]
-    settings = bench_settings("tile_feed", kafka_topic_partitions=2, spark_master="local[2]",
+    settings = bench_settings("tile_feed", kafka_topic_partitions=TOPIC_PARTITIONS,
+                              spark_master="local[2]",
                               spark_shuffle_partitions=2,
                               kafka_topic_rt_tiles=f"bench.tiles.{tag}")
     broker, redis = KafkaBroker(settings), RedisServer(settings)
@@ -276,7 +288,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
     broker.start()
     result = BenchResult(
         name="tile_feed",
-        title="Real-time tile feed: tile rows/s written to Redis with the features, one thread",
+        title="Real-time tile feed: tile rows/s written to Redis with the features",
         targets={"capacity": "well above the rows the Real-time query sends "
                              "(about 2,000-2,600/s at 1,000 events/s)"},
     )
@@ -291,14 +303,18 @@ def main(argv: list[str] | None = None) -> BenchResult:
         finally:
             spark.stop()
         _say(f"{rows:,} tile rows (micro-batches of {args.batch:,} events)")
-        times: dict[str, list[float]] = {"feed": [], "raw": []}
+        systems = ["raw", "feed"] + (["feeds"] if args.feeds > 1 else [])
+        times: dict[str, list[float]] = {k: [] for k in systems}
         keys: dict[str, int] = {}  # what a run left in Redis: the feed's features and tiles
+        drains = [w for r in range(args.repeats)  # ABC CBA ...
+                  for w in (systems if r % 2 == 0 else systems[::-1])]
         order = [("raw", "feed")[(i + i // 2) % 2] for i in range(2 * args.repeats)]  # ABBA...
-        for i, which in enumerate(order, 1):
-            seconds = (_feed_run if which == "feed" else _raw_run)(settings, rows)
+        for i, which in enumerate(drains, 1):
+            seconds = (_raw_run(settings, rows) if which == "raw" else
+                       _feed_run(settings, rows, args.feeds if which == "feeds" else 1))
             times[which].append(seconds)
             keys[which] = _redis_keys(settings)
-            _say(f"run {i}/{len(order)}, {which}: {rows:,} rows in {seconds:.2f} s "
+            _say(f"run {i}/{len(drains)}, {which}: {rows:,} rows in {seconds:.2f} s "
                  f"({rows / seconds:,.0f} rows/s)")
         median = {k: statistics.median(v) for k, v in times.items()}
         result.rows.append({"system": "shopstream TileFeed (tiles, features, top lists)",
@@ -312,6 +328,17 @@ def main(argv: list[str] | None = None) -> BenchResult:
                             "runs_s": ", ".join(f"{s:.2f}" for s in times["raw"]),
                             "redis_keys": keys["raw"]})
         result.ratios["tile rows/s: the feed / raw Kafka + raw Redis"] = median["raw"] / median["feed"]
+        if "feeds" in median:
+            result.rows.append({"system": f"shopstream {args.feeds} feeds side by side (one "
+                                          "thread, the others processes; by partition)",
+                                "rows": rows, "runs": len(times["feeds"]),
+                                "median_s": median["feeds"], "rows_per_s": rows / median["feeds"],
+                                "runs_s": ", ".join(f"{s:.2f}" for s in times["feeds"]),
+                                "redis_keys": keys["feeds"]})
+            result.ratios[f"tile rows/s: {args.feeds} feeds / raw Kafka + raw Redis"] = (
+                median["raw"] / median["feeds"])
+            result.ratios[f"tile rows/s: {args.feeds} feeds / one feed"] = (
+                median["feed"] / median["feeds"])
         records = _topic_records(settings, rows)
         live: dict[str, list[float]] = {"feed": [], "raw": [], "cpu": []}
         for i, which in enumerate(order, 1):
@@ -340,18 +367,21 @@ def main(argv: list[str] | None = None) -> BenchResult:
             live_median["raw"] / live_median["feed"])
         result.notes.append(
             f"{args.events:,} generated events (2 % malformed, duplicates) in micro-batches of "
-            f"{args.batch:,}: {rows:,} tile rows; runs in the order {', '.join(order)}, "
-            "Redis emptied before each, the feed a fresh one each time")
+            f"{args.batch:,}: {rows:,} tile rows on {TOPIC_PARTITIONS} partitions; drains in "
+            f"the order {', '.join(drains)}, Redis emptied before each, the feeds fresh ones "
+            "each time")
         result.notes.append(
             f"live-sized flushes: the same rows from memory (Kafka out of both), "
             f"{args.live_flush} a flush, one touch per row; the feed's thread CPU per row is "
             "what the live load costs it (rows/s x CPU per row = the share of a core it needs)")
+        bars: dict[str, list[float | None]] = {"shopstream feed": [rows / median["feed"], rows / live_median["feed"]],
+                "raw peer": [rows / median["raw"], rows / live_median["raw"]]}
+        if "feeds" in median:  # drains only: the live-sized runs measure one writer's cost
+            bars[f"shopstream, {args.feeds} feeds"] = [rows / median["feeds"], None]
         result.plots.append(str(plot_bars(
             ["drain", f"flushes of {args.live_flush}"],
-            {"tile rows/s (median)": {
-                "shopstream feed": [rows / median["feed"], rows / live_median["feed"]],
-                "raw peer": [rows / median["raw"], rows / live_median["raw"]]}},
-            args.results_dir / "tile_feed.png", title="Real-time tile feed, one thread")))
+            {"tile rows/s (median)": bars},
+            args.results_dir / "tile_feed.png", title="Real-time tile feed")))
     finally:
         broker.stop()
         redis.stop()

@@ -11,6 +11,8 @@ events)::
     TileFeed (a thread of the driver): tiles -> Redis (idempotent overwrite), the clock T,
       features of the touched entities as of T (Feast's layout), top lists;
       when T enters a new tile, a feature snapshot (below)
+    (``stream_realtime_feeds`` > 1: feeds side by side, each on its share of the topic's
+      partitions, the others processes: :mod:`pipelines.streaming.feed_process`)
 
 Why one aggregation: Real-time Mode (like every update-mode query) runs a single
 streaming aggregation per query, and a second query would read Kafka again, so
@@ -845,21 +847,26 @@ def tile_messages(tiles: DataFrame) -> DataFrame:
                   {"ignoreNullFields": "false"}).alias("value"))
 
 
-def ensure_topic(settings: Settings) -> None:
-    """Create the tiles topic if it is missing (a managed Kafka may want it made beforehand)."""
+def ensure_topic(settings: Settings) -> int:
+    """Create the tiles topic if it is missing (a managed Kafka may want it made
+    beforehand); returns its partitions (an existing topic keeps its own count)."""
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
     from pipelines.connections import kafka_admin
 
+    topic = settings.kafka_topic_rt_tiles
     admin = kafka_admin(settings)
     try:
-        if settings.kafka_topic_rt_tiles not in set(admin.list_topics()):
+        if topic not in set(admin.list_topics()):
             try:
-                admin.create_topics([NewTopic(settings.kafka_topic_rt_tiles,
-                                              settings.kafka_topic_partitions, 1)])
+                admin.create_topics([NewTopic(topic, settings.kafka_topic_partitions, 1)])
+                return settings.kafka_topic_partitions
             except TopicAlreadyExistsError:
                 pass
+        described = [t for t in admin.describe_topics([topic])  # "name" in kafka-python 3
+                     if t.get("name", t.get("topic")) == topic]
+        return len(described[0]["partitions"]) if described else settings.kafka_topic_partitions
     finally:
         admin.close()
 
@@ -869,15 +876,23 @@ class Feeds:
     """The tile feeds of one driver: #0 a thread of it (:class:`TileFeed`), the others
     processes (:class:`pipelines.streaming.feed_process.FeedProcess`), as one."""
 
-    def __init__(self, settings: Settings, *, new_checkpoint: bool = False) -> None:
+    def __init__(self, settings: Settings, *, new_checkpoint: bool = False,
+                 partitions: int | None = None) -> None:
+        """``partitions``: the tile topic's (default: ``kafka_topic_partitions``, which it is
+        created with). A feed applies whole partitions, so there are at most that many: the
+        default ``stream_realtime_feeds`` is cut to it, a value set explicitly must fit."""
         from pipelines.streaming.feed_process import FeedProcess
 
         n = settings.stream_realtime_feeds
-        if n > settings.kafka_topic_partitions:  # the topic's own count is checked by each feed
-            raise ValueError(
-                f"SHOPSTREAM_STREAM_REALTIME_FEEDS={n} is more than the tile topic's "
-                f"{settings.kafka_topic_partitions} partitions (SHOPSTREAM_KAFKA_TOPIC_PARTITIONS):"
-                " a feed applies whole partitions, so some would have none")
+        partitions = partitions or settings.kafka_topic_partitions
+        if n > partitions:
+            if "stream_realtime_feeds" in settings.model_fields_set:
+                raise ValueError(
+                    f"SHOPSTREAM_STREAM_REALTIME_FEEDS={n} is more than the tile topic's "
+                    f"{partitions} partitions ({settings.kafka_topic_rt_tiles}): a feed applies "
+                    "whole partitions, so some would have none")
+            n = partitions
+        self.count = n
         self.first = TileFeed(settings, new_checkpoint=new_checkpoint, feeds=n)
         self.others = [FeedProcess(settings, k, n, new_checkpoint=new_checkpoint)
                        for k in range(1, n)]
@@ -1081,9 +1096,10 @@ def start_realtime(spark: SparkSession, settings: Settings, *,
     from pipelines.stream import query_checkpoint
 
     out = realtime_tiles(spark, settings)
-    ensure_topic(settings)
+    partitions = ensure_topic(settings)
     checkpoint = query_checkpoint(settings, QUERY_NAME)
-    feed = Feeds(settings, new_checkpoint=not _has_offsets(spark, checkpoint))
+    feed = Feeds(settings, new_checkpoint=not _has_offsets(spark, checkpoint),
+                 partitions=partitions)
     feed.start()
     # one shuffle partition per stateful stage: the query holds Kafka partitions + 2 slots
     previous = spark.conf.get("spark.sql.shuffle.partitions")
@@ -1106,6 +1122,5 @@ def start_realtime(spark: SparkSession, settings: Settings, *,
         spark.conf.set("spark.sql.shuffle.partitions", previous)
     log.info("real-time online query %s started (checkpoint every %ss), tiles via %s to %d "
              "feed%s", QUERY_NAME, settings.stream_realtime_checkpoint_seconds,
-             settings.kafka_topic_rt_tiles, settings.stream_realtime_feeds,
-             "s" if settings.stream_realtime_feeds > 1 else "")
+             settings.kafka_topic_rt_tiles, feed.count, "s" if feed.count > 1 else "")
     return RealtimeQuery(query, feed, spark, settings, snapshots=snapshots)

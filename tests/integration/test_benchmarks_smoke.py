@@ -110,6 +110,10 @@ def test_tile_feed_smoke(tmp_path: Path) -> None:
     assert _positive(feed["rows_per_s"]) and _positive(raw["rows_per_s"]), _explain(payload)
     assert feed["redis_keys"] > raw["redis_keys"] > 0, _explain(payload)
     assert _positive(payload["ratios"]["tile rows/s: the feed / raw Kafka + raw Redis"])
+    # two feeds side by side (the second a process) write the same tiles and features
+    both = _row(payload, "shopstream 2 feeds side by side")
+    assert both["rows"] == feed["rows"] and both["redis_keys"] == feed["redis_keys"], _explain(payload)
+    assert _positive(payload["ratios"]["tile rows/s: 2 feeds / one feed"])
     # the same rows in live-sized flushes: every row of them, and the feed's CPU per row
     live = _row(payload, "shopstream feed's writer, flushes of")
     live_raw = _row(payload, "pipelined HSET per row, flushes of")

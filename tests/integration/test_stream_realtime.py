@@ -226,6 +226,38 @@ def test_rows_after_a_throttled_top_write_reach_the_lists_on_the_final_flush(
         writer.disconnect()
 
 
+def test_a_feed_without_the_sales_writes_a_stray_sales_tile_but_no_lists_and_says_so(
+    spark: Any, settings: Settings, redis_client: Any, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sales tile on another partition than the sales feed's (sent by a query from before
+    that rule) is written by the feed that reads it, never dropped; that feed keeps no
+    totals, so it ranks no lists, and a WARNING says the lists take the change later."""
+    import logging
+
+    from pipelines.online_writer import top_item_key
+    from pipelines.streaming.realtime import RealtimeWriter, _decode_tile, rt_tiles_key
+
+    rows, last_rows, _ = _rows_and_last(spark)
+    caplog.set_level(logging.WARNING, logger="pipelines.streaming.realtime")
+    writer = RealtimeWriter(settings, sales=False, feed=1)
+    writer.connect()
+    try:
+        for row in rows + last_rows:
+            writer.add(row)
+        writer.flush(final=True)
+    finally:
+        writer.disconnect()
+    sales = [r for r in rows + last_rows if r["kind"] == "sales"]
+    assert sales
+    for row in sales:
+        stored = redis_client.hget(rt_tiles_key("sales", str(row["tile_start"])), row["key"])
+        assert stored is not None and _decode_tile(stored)["units"] == row["units"]
+    assert not redis_client.exists(top_item_key("top", "1h", "global"))
+    warned = [r.getMessage() for r in caplog.records if "is not on partition 0" in r.getMessage()]
+    assert len(warned) == 1, warned  # once, not per tile
+    assert "feed #1" in warned[0]
+
+
 def test_items_keep_their_windows_across_a_day_of_flushes_and_late_tiles(
     spark: Any, settings: Settings, redis_client: Any,
 ) -> None:
@@ -568,6 +600,26 @@ def test_tile_feed_applies_what_spark_sends_through_kafka(
         consumer.close()
 
 
+def test_the_tile_topic_gives_its_own_partition_count_to_the_feeds(
+    make_settings: Callable[..., Settings], kafka_broker: Any, topic: str,
+) -> None:
+    """A new tile topic is made with ``kafka_topic_partitions``; an existing one keeps its
+    count, and that count, not the setting, bounds the feeds (the default is cut to it)."""
+    from pipelines.streaming.realtime import Feeds, ensure_topic
+
+    fresh = make_settings(kafka_topic_rt_tiles=f"{topic}.new", kafka_topic_partitions=3)
+    assert ensure_topic(fresh) == 3
+    assert ensure_topic(fresh) == 3  # again, now existing
+    existing = make_settings(kafka_topic_rt_tiles=topic, kafka_topic_partitions=5)
+    assert ensure_topic(existing) == 2  # the fixture's topic has the session's 2
+    assert Feeds(existing.model_copy(update={"stream_realtime_feeds": 2}),
+                 partitions=ensure_topic(existing)).count == 2
+    single = make_settings(kafka_topic_rt_tiles=f"{topic}.one", kafka_topic_partitions=1)
+    assert ensure_topic(single) == 1
+    assert Feeds(make_settings(kafka_topic_rt_tiles=f"{topic}.one"),
+                 partitions=ensure_topic(single)).count == 1
+
+
 def test_the_feed_is_at_the_end_only_once_it_has_read_every_partition_to_its_end(
     settings: Settings, topic: str,
 ) -> None:
@@ -673,6 +725,27 @@ def _sinks_process(log_path: Path, timeout_s: float = 60.0) -> int | None:
     return None
 
 
+def _feed_process(log_path: Path, timeout_s: float = 60.0) -> int | None:
+    """The pid of the second tile feed's process, from the driver's log line about it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        logged = " ".join(log_path.read_text().split())
+        found = re.findall(r"real-time tile feed #1 of 2: process (\d+)", logged)
+        if found:
+            return int(found[-1])
+        time.sleep(0.5)
+    return None
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
 def _jvm_of(pid: int, timeout_s: float = 60.0) -> str:
     """The command line of the JVM a Python process started (its Spark driver), once it runs."""
     deadline = time.monotonic() + timeout_s
@@ -710,13 +783,13 @@ def _nice_of(pid: int, timeout_s: float = 30.0) -> int:
 
 def _realtime_settings(make_settings: Callable[..., Settings], tmp_path: Path,
                        prefix: str) -> Settings:
-    """A Real-time job's settings on a topic of its own (created): 5 s epochs, and the task
-    slots Real-time Mode holds at once."""
+    """A Real-time job's settings on a topic of its own (created): 5 s epochs, two tile feeds
+    (the second a process), and the task slots Real-time Mode holds at once."""
     from pipelines.streaming.realtime import required_slots
 
     topic = f"{prefix}.{tmp_path.name[-20:]}".replace("_", "-")
     settings = stream_settings(make_settings, tmp_path, topic, stream_mode="realtime",
-                               stream_realtime_checkpoint_seconds=5)
+                               stream_realtime_checkpoint_seconds=5, stream_realtime_feeds=2)
     settings = settings.model_copy(update={"spark_master": f"local[{required_slots(settings)}]"})
     create_topic(settings, topic)
     return settings
@@ -762,6 +835,10 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
             # (a kernel without autogroups, or with them off, leaves the file missing or empty)
             if _autogroup(job.pid) is not None:
                 assert _autogroup(sinks) == _autogroup(job.pid)
+            # the second tile feed: a process of the same session, its own process group
+            feed = _feed_process(log_path)
+            assert feed is not None and _alive(feed), log_path.read_text()[-3000:]
+            assert os.getsid(feed) == os.getsid(job.pid) and os.getpgid(feed) != os.getpgid(job.pid)
             # `shopstream status` hears the running driver's heartbeat
             from datetime import UTC, datetime
 
@@ -838,9 +915,17 @@ def test_real_time_mode_killed_twice_mid_stream_gives_the_same_results(
                 assert time.monotonic() < deadline, "no tiles, epoch or batch within 600 s"
                 time.sleep(0.1)
             time.sleep(0.5 * part)  # somewhere inside the writes and the sinks' batches
+            feed = _feed_process(log_path)
+            assert feed is not None and _alive(feed), log_path.read_text()[-3000:]
         finally:
             os.killpg(job.pid, signal.SIGKILL)
             job.wait(timeout=60)
+        # the second feed stops with its driver (after its running flush), not draining on
+        # beside the next driver's own
+        gone = time.monotonic() + 30
+        while _alive(feed):
+            assert time.monotonic() < gone, "the second tile feed outlived its driver by 30 s"
+            time.sleep(0.1)
     produce(settings, first[sent:])
     with open(log_path, "ab") as log:
         job = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "stream", "--until-idle",
