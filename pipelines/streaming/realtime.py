@@ -809,7 +809,7 @@ def feed_partitions(partitions: list[int], index: int, feeds: int) -> list[int]:
     mine = [p for p in partitions if p % feeds == index]
     if not mine:
         raise RuntimeError(
-            f"real-time tile feed {index + 1} of {feeds} has no partition to apply: the tile "
+            f"real-time tile feed #{index} of {feeds} has no partition to apply: the tile "
             f"topic has {len(partitions)}. Set SHOPSTREAM_STREAM_REALTIME_FEEDS to at most "
             f"{len(partitions)}, or use a tile topic with more partitions "
             "(SHOPSTREAM_KAFKA_TOPIC_RT_TILES; it is created with "
