@@ -374,8 +374,10 @@ def main(argv: list[str] | None = None) -> BenchResult:
             f"live-sized flushes: the same rows from memory (Kafka out of both), "
             f"{args.live_flush} a flush, one touch per row; the feed's thread CPU per row is "
             "what the live load costs it (rows/s x CPU per row = the share of a core it needs)")
-        bars: dict[str, list[float | None]] = {"shopstream feed": [rows / median["feed"], rows / live_median["feed"]],
-                "raw peer": [rows / median["raw"], rows / live_median["raw"]]}
+        bars: dict[str, list[float | None]] = {
+            "shopstream feed": [rows / median["feed"], rows / live_median["feed"]],
+            "raw peer": [rows / median["raw"], rows / live_median["raw"]],
+        }
         if "feeds" in median:  # drains only: the live-sized runs measure one writer's cost
             bars[f"shopstream, {args.feeds} feeds"] = [rows / median["feeds"], None]
         result.plots.append(str(plot_bars(

@@ -196,6 +196,7 @@ class BatchLog:
         self._io_utils = getattr(jvm, "org.apache.commons.io.IOUtils")
         self._conf = spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
         self.root = checkpoint.rstrip("/") + "/clock"
+        self._offsets = checkpoint.rstrip("/") + "/offsets"
         self.retain = retain
         self._run_id: str | None = None
 
@@ -211,6 +212,25 @@ class BatchLog:
             return None
         text = self._read_text(self._path(batch_id))
         return None if text is None else BatchRecord.from_json(text)
+
+    def batch_timestamp_ms(self, batch_id: int) -> int:
+        """The batch's timestamp (epoch ms) from Spark's offset log of the checkpoint: what
+        ``current_timestamp()`` is in that batch's plan, the same when a replay runs it again.
+
+        Read here rather than put in the stream's plan, where Spark writes it into the
+        generated code of the stage that holds it as a number literal: a new class and a
+        new JIT compile of that stage every batch (see :func:`pipelines.stream.batch_constants`).
+        """
+        path = self._path_class(f"{self._offsets}/{batch_id}")
+        text = self._read_text(path)
+        if text is None:
+            raise RuntimeError(f"Spark's offset log has no entry for batch {batch_id} "
+                               f"({self._offsets}/{batch_id}), which it writes before the batch runs")
+        for line in text.splitlines():  # a version line ("v1"), the metadata, the offsets
+            if line.startswith("{") and '"batchTimestampMs"' in line:
+                return int(json.loads(line)["batchTimestampMs"])
+        raise RuntimeError(f"no batchTimestampMs in Spark's offset log entry {self._offsets}/"
+                           f"{batch_id}: a format this job does not know")
 
     def _read_text(self, path: Any) -> str | None:
         """The UTF-8 text of the file ``path``, or ``None`` when there is none."""

@@ -104,23 +104,29 @@ def dedup_watermark_delay(settings: Settings) -> str:
 
 
 def stamped(raw: DataFrame, settings: Settings, columns: tuple[str, ...]) -> DataFrame:
-    """Kafka's rows with ``ingest_time``, the micro-batch's timestamp
-    (``current_timestamp()``, kept in the offset log, so a replay sees the same).
+    """Kafka's rows (``columns``), and for Spark's dedup (``stream_dedup=spark``) with
+    ``ingest_time``, the micro-batch's timestamp (``current_timestamp()``, kept in the
+    offset log, so a replay sees the same), and a watermark on it.
 
-    For Spark's dedup, with a watermark on it: a batch's own timestamp is never behind
-    the watermark, so no row is ever dropped as late. The timestamp and its watermark come
-    first, on the raw rows: the timestamp is a literal in the generated code, and there it
-    sits in a stage of its own, so the (large) validation projection after it has no
-    per-batch literal and is compiled once, not every batch. The watermark operator does
-    not keep its input's partitioning (Spark 4.3's ``EventTimeWatermarkExec``), so after
-    the repartition Spark shuffled every batch a second time for the dedup.
+    Spark's dedup needs that watermark: a batch's own timestamp is never behind it, so
+    no row is ever dropped as late. The timestamp and its watermark come first, on the
+    raw rows: the timestamp is a literal in the generated code, and the watermark
+    operator ends the stage that holds it, so the (large) validation projection after
+    it has no per-batch literal and is compiled once, not every batch. The watermark
+    operator does not keep its input's partitioning (Spark 4.3's
+    ``EventTimeWatermarkExec``), so after the repartition Spark shuffled every batch a
+    second time for the dedup.
+
+    The ``bucketed`` dedup needs no watermark, and nothing would end that stage: the
+    literal sat in the validation's own code. There the batch adds ``ingest_time``
+    itself, with the same value (:func:`pipelines.stream.batch_constants`).
     """
     from pyspark.sql import functions as F
 
+    if settings.stream_dedup != "spark":
+        return raw.select(*columns)
     rows = raw.select(*columns, F.current_timestamp().alias("ingest_time"))
-    if settings.stream_dedup == "spark":
-        rows = rows.withWatermark("ingest_time", dedup_watermark_delay(settings))
-    return rows
+    return rows.withWatermark("ingest_time", dedup_watermark_delay(settings))
 
 
 def deduplicated(checked: DataFrame, settings: Settings,

@@ -57,6 +57,7 @@ class FeedProcess:
         self.new_checkpoint = new_checkpoint
         self._proc: subprocess.Popen[bytes] | None = None
         self._consumer: Any = None
+        self._tps: list[Any] | None = None
         self._asked = False
 
     def start(self) -> None:
@@ -96,8 +97,10 @@ class FeedProcess:
         if self._consumer is None:
             self._consumer = kafka_consumer(self.settings, group_id=FEED_GROUP)
         consumer, topic = self._consumer, self.settings.kafka_topic_rt_tiles
-        tps = [TopicPartition(topic, p) for p in
-               feed_partitions(_partitions(consumer, topic), self.index, self.feeds)]
+        if self._tps is None:  # the topic's partitions are fixed while the job runs
+            self._tps = [TopicPartition(topic, p) for p in
+                         feed_partitions(_partitions(consumer, topic), self.index, self.feeds)]
+        tps = self._tps
         ends = consumer.end_offsets(tps)
         return all((consumer.committed(tp) or 0) >= ends[tp] for tp in tps)
 

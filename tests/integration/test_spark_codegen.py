@@ -10,6 +10,8 @@ generated source of the batch's stage for different values.
 
 from __future__ import annotations
 
+import os
+import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,10 @@ import pytest
 from pipelines.settings import Settings
 
 pytestmark = pytest.mark.integration
+
+# the stream's Python workers must import redis & co.: the venv's interpreter (read when
+# the SparkContext starts, so set at collection time, before the session fixture)
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
 def _compiles(spark: Any) -> int:
@@ -67,24 +73,30 @@ def _stage_code(frame: Any, marker: str) -> str:
 
 
 def test_the_late_split_generates_the_same_code_for_every_cut(spark: Any) -> None:
-    """Three batches, three late cuts: the right verdicts each time, and the batch's
-    projection (the stage that compares event times with the cut) has the same
-    generated source for every cut, so Spark compiles it once. Only the one-row side
-    that carries the cut differs."""
+    """Three batches, three late cuts and batch timestamps: the right verdicts and
+    ingest times each time, and the batch's projection (the stage that compares event
+    times with the cut) has the same generated source for every cut, so Spark compiles
+    it once. Only the one-row side that carries the cut and the timestamp differs."""
     from pyspark.sql import functions as F
 
-    from pipelines.stream import late_threshold
+    from pipelines.stream import batch_constants
 
     start = datetime(2026, 11, 1, 10, tzinfo=UTC)
     events = _events(spark, start).localCheckpoint()
 
     def split(cut: datetime) -> Any:
-        return events.crossJoin(late_threshold(spark, int(cut.timestamp() * 1_000_000))).select(
-            "event_id", (F.unix_micros("event_time") < F.col("_late_cut")).alias("late"))
+        cut_us = int(cut.timestamp() * 1_000_000)
+        return events.crossJoin(batch_constants(spark, cut_us, cut_us + 7)).select(
+            "event_id", (F.unix_micros("event_time") < F.col("_late_cut")).alias("late"),
+            "ingest_time")
 
     frames = [split(c) for c in (start, start + timedelta(minutes=2), start + timedelta(minutes=5))]
     assert [{r["event_id"] for r in f.collect() if r["late"]} for f in frames] == [
         set(), {"e0", "e1"}, {"e0", "e1", "e2", "e3", "e4"}]
+    # the batch's time (collected as the session's UTC wall time, naive)
+    assert [{r["ingest_time"].replace(tzinfo=UTC) for r in f.collect()} for f in frames] == [
+        {c + timedelta(microseconds=7)} for c in (start, start + timedelta(minutes=2),
+                                                  start + timedelta(minutes=5))]
     codes = {_stage_code(f, "unix_micros") for f in frames}  # the plans as they ran
     assert len(codes) == 1, "the cut is written into the batch projection's code"
 
@@ -133,3 +145,82 @@ def test_no_whole_stage_method_of_the_validation_runs_interpreted(spark: Any) ->
         f"(limit {limit})")
     # with the project's defaults the stage is one whole-stage method, compiled
     assert max(sizes) <= limit and compiled
+
+
+def test_a_streams_validation_is_compiled_once_and_its_batches_keep_their_timestamp(
+        make_settings: Any, kafka_broker: Any, redis_client: Any, spark: Any,
+        tmp_path: Path) -> None:
+    """Five or six micro-batches of one query (40 records at most, a fifth of them
+    malformed):
+
+    * the batch's timestamp (``current_timestamp()``, which Spark turns into a literal of
+      each batch's plan) is written into none of the query's generated code: it was, in
+      the validation's stage of about 4,500 lines, so Spark compiled that stage (Janino,
+      then the JIT) again every batch;
+    * after the first two batches a batch compiles only its few one-row stages;
+    * each quarantined record's ``ingest_time`` is its batch's timestamp, as Spark's
+      offset log keeps it (a replay of the batch sees the same).
+    """
+    import json
+
+    from pipelines import offline_store
+    from pipelines.stream import (
+        BatchProcessor,
+        StreamOptions,
+        query_checkpoint,
+        start_stream,
+    )
+    from pipelines.stream_metrics import MetricsRecorder
+    from tests.integration.test_stream import Sent, _event, _ms, create_topic, produce
+
+    topic = f"codegen.{tmp_path.name[-20:]}".replace("_", "-")
+    settings: Settings = make_settings(
+        kafka_topic_events=topic, kafka_topic_rt_tiles=f"{topic}.tiles",
+        data_dir=str(tmp_path / "data"), stream_max_offsets_per_trigger=40)
+    create_topic(settings, topic)
+    now = datetime.now(UTC)
+    produce(settings, [Sent(f"u{i % 7}".encode(),
+                            b"{not json" if i % 5 == 3 else
+                            _event(f"cg-{i}", now, user=f"u{i % 7}", item=f"i{i % 5}"),
+                            _ms(now)) for i in range(200)])
+
+    compiled: list[int] = []
+
+    class Counting(BatchProcessor):
+        def __call__(self, batch: Any, batch_id: int) -> None:
+            before = _compiles(spark)
+            super().__call__(batch, batch_id)
+            compiled.append(_compiles(spark) - before)
+
+    checkpoint = query_checkpoint(settings)
+    recorder = MetricsRecorder(settings)
+    processor = Counting(settings, checkpoint, recorder)
+    query = start_stream(spark, settings, StreamOptions(stop="available_now"), recorder,
+                         processor)
+    try:
+        assert query.awaitTermination(300), "the stream did not drain its 200 records"
+    finally:
+        processor.close()
+    assert query.exception() is None
+    assert len(compiled) >= 5, compiled  # 40 a batch, split over the partitions
+    last_batch = len(compiled) - 1
+
+    def timestamp_ms(batch_id: int) -> int:
+        text = (Path(checkpoint) / "offsets" / str(batch_id)).read_text()
+        return int(json.loads(text.splitlines()[1])["batchTimestampMs"])
+
+    last = query._jsq.streamingQuery().lastExecution()
+    stages = last.debug().codegenToSeq()
+    codes = [str(stages.apply(i)._2()) for i in range(stages.length())]
+    assert any("shopstream_contract_fields" in code for code in codes), "no validation stage"
+    literal = f"{timestamp_ms(last_batch) * 1000}L"
+    assert not [code for code in codes if literal in code], "the batch's timestamp is in the code"
+    assert max(compiled[2:]) <= 2, f"compiles per batch: {compiled}"
+
+    quarantine = spark.read.parquet(offline_store.quarantine_path(settings))
+    stamps = {(int(r["batch_id"]), r["ingest_time"].replace(tzinfo=UTC))
+              for r in quarantine.select("batch_id", "ingest_time").collect()}
+    assert quarantine.count() == 40
+    assert stamps == {(b, datetime.fromtimestamp(timestamp_ms(b) / 1000, UTC))
+                      for b, _ in stamps}
+    assert {b for b, _ in stamps} == set(range(len(compiled)))
