@@ -418,25 +418,27 @@ def keyed_tiles(events: DataFrame, *, slide_seconds: int, last_items_n: int,
     cols = _keyed_columns(int(slide_seconds), int(last_items_n))
     exploded = events.select(*cols.used, cols.role).select(*cols.carried, *cols.role_fields)
     if partitions is not None:
-        exploded = exploded.repartition(int(partitions), "kind", "key")
+        exploded = exploded.repartition(int(partitions), *cols.partition_keys)
     if events.isStreaming if windowed is None else windowed:
         return exploded.groupBy(*cols.group).agg(*cols.aggregates).select(*cols.output)
-    return (exploded.select("*", *cols.tile_group).groupBy(*cols.tile_group_names)
+    return (exploded.select(cols.all, *cols.tile_group).groupBy(*cols.tile_group_names)
             .agg(*cols.aggregates).select(*cols.tile_output))
 
 
 @dataclass(frozen=True)
 class _KeyedColumns:
-    used: tuple[Column | str, ...]
-    carried: tuple[str, ...]
+    used: tuple[Column, ...]
+    carried: tuple[Column, ...]
     role: Column
     role_fields: tuple[Column, ...]
-    group: tuple[Any, ...]
+    partition_keys: tuple[Column, ...]
+    group: tuple[Column, ...]
     aggregates: tuple[Column, ...]
-    output: tuple[Any, ...]
+    output: tuple[Column, ...]
+    all: Column
     tile_group: tuple[Column, ...]
-    tile_group_names: tuple[str, ...]
-    tile_output: tuple[Any, ...]
+    tile_group_names: tuple[Column, ...]
+    tile_output: tuple[Column, ...]
 
 
 _KEYED_CACHE: dict[tuple[Any, int, int], _KeyedColumns] = {}
@@ -524,17 +526,27 @@ def _build_keyed_columns(slide_seconds: int, last_items_n: int) -> _KeyedColumns
         F.unix_micros("_price_time").alias("price_us"),
     )
     tile_start = tile_start_seconds("event_time", slide_seconds)
+    # every name as a column object, built here once: PySpark turns a name into a
+    # column with three calls into the JVM each time it is given one, about 0.1 s of a
+    # micro-batch for the names below
     return _KeyedColumns(
-        used=(*used, event_code.alias("_event"), _activity_weight().alias("_weight")),
-        carried=(*used, "_event", "_weight"),
+        used=_named(*used, event_code.alias("_event"), _activity_weight().alias("_weight")),
+        carried=_named(*used, "_event", "_weight"),
         role=F.explode(F.filter(roles, lambda r: r.isNotNull())).alias("_r"),
         role_fields=(F.col("_r.kind").alias("kind"), F.col("_r.key").alias("key"),
                      F.col("_r.role").alias("_role")),
-        group=("kind", "key", _window(slide_seconds)),
+        partition_keys=_named("kind", "key"),
+        group=(*_named("kind", "key"), _window(slide_seconds)),
         aggregates=aggregates,
-        output=("kind", "key", _tile_start_from_window(), *values),
+        output=_named("kind", "key", _tile_start_from_window(), *values),
+        all=F.col("*"),
         tile_group=(F.xxhash64("kind", "key", tile_start).alias("_group_hash"),
                     tile_start.alias("tile_start")),
-        tile_group_names=("_group_hash", "kind", "key", "tile_start"),
-        tile_output=("kind", "key", "tile_start", *values),
+        tile_group_names=_named("_group_hash", "kind", "key", "tile_start"),
+        tile_output=_named("kind", "key", "tile_start", *values),
     )
+
+
+def _named(*columns: Column | str) -> tuple[Column, ...]:
+    """Names as column objects (``F.col``), expressions as they are."""
+    return tuple(F.col(c) if isinstance(c, str) else c for c in columns)

@@ -408,8 +408,12 @@ class PassConfig:
         return self.current - self.long_window
 
 
-_EMIT_SCHEMA = "view string, value string"
-"""Schema of what the pass yields: nothing, but ``mapInArrow`` needs one."""
+def _emit_schema() -> Any:
+    """Schema of what the pass yields: nothing, but ``mapInArrow`` needs one. A type, not
+    DDL text, which PySpark would parse in the JVM every batch."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    return StructType([StructField("view", StringType()), StructField("value", StringType())])
 
 
 def update_batches(batches: Iterator[Any], *, cfg: PassConfig) -> Iterator[Any]:
@@ -860,7 +864,7 @@ class TileStore:
         rows = keyed_rows(events, slide_seconds=self.slide, last_items_n=self.last_items_n,
                           partitions=partitions)
         cfg = self.config(batch_id, as_of_us, open_from, run)
-        rows.mapInArrow(partial(update_batches, cfg=cfg), _EMIT_SCHEMA).write.format(
+        rows.mapInArrow(partial(update_batches, cfg=cfg), _emit_schema()).write.format(
             "noop").mode("overwrite").save()
 
     def write_top_here(self, *, batch_id: int, as_of_us: int, open_from: int | None = None) -> None:
