@@ -190,13 +190,15 @@ class Settings(BaseSettings):
     took over 1 s. So a boundary every 300 s put 1.3-1.7 % of the time over 1 s, more
     than a p99 allows; 600 s halves that. The price: a stop, or a crash, replays the input
     since the last boundary, so a restart catches up on up to this much input."""
-    stream_realtime_offline_trigger_seconds: float = Field(default=10.0, ge=0)
+    stream_realtime_offline_trigger_seconds: float = Field(default=30.0, ge=0)
     """Real-time Mode: the trigger interval of the micro-batch query that keeps feeding the
     Parquet sinks (raw events, quarantine) while the Real-time query serves the online
     features. The offline store needs no second-level freshness, and every micro-batch
-    has a fixed cost (planning, a Parquet file per partition, checkpoint commits) taken
-    from the cores the Real-time query runs on: at 1,000 events/s on 2 cores, 1 s took
-    the JVM to about 1 core, 10 s to about 0.45."""
+    has a fixed cost (planning, a Parquet file per partition, checkpoint and state store
+    commits) taken from the cores the Real-time query and its feeds run on: at 1,000
+    events/s on 2 cores, 1 s took the JVM to about 1 core, 10 s to about 0.45. At 2,000
+    events/s the sinks' process alone took 0.26-0.27 cores with 10 s and 0.15-0.16 with
+    30 s (two pairs of runs): about 1.6 CPU-s a batch, whatever its size."""
     stream_realtime_offline_nice: int = Field(default=19, ge=0, le=19)
     """Real-time Mode: the micro-batch query that feeds the Parquet sinks runs as a process of
     its own (``shopstream stream --offline-only``) this much lower in CPU priority (``nice``),

@@ -3,8 +3,8 @@
 In Real-time Mode the online path (the Real-time query and the tile feed) sets the
 freshness, and the micro-batch query beside it only keeps the offline store (raw
 events, quarantine). In the same driver that query took both cores for 2-5 s every
-``stream_realtime_offline_trigger_seconds`` (10 s: validation, deduplication and
-Parquet files of ~10,000 events), and the probes that fell in those bursts took
+``stream_realtime_offline_trigger_seconds`` (10 s then, 30 s now: validation,
+deduplication and Parquet files of ~10,000 events), and the probes that fell in those bursts took
 1-2 s instead of 0.1 (1,000 events/s on 2 cores). Linux shares the CPU between
 threads by their nice value, not by Spark's scheduler pools, so that query now runs
 as ``shopstream stream --offline-only`` in a process (and a JVM) of its own, niced by

@@ -74,13 +74,13 @@ def test_the_parquet_sinks_count_as_caught_up_within_their_trigger(
         settings: Settings, redis_client: Any, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Real-time Mode's Parquet sinks' process publishes the micro-batch clock of its last
-    batch (a 10 s trigger): 12 s behind is caught up for it, 20 s is not, and the wait
-    says what it waits for."""
+    batch (a 30 s trigger by default): 32 s behind is caught up for it, 40 s is not, and
+    the wait says what it waits for."""
     from datetime import UTC, datetime
 
     monkeypatch.setattr(st, "WAIT_STATUS_S", 0.2)
-    assert st.sinks_lag_s(settings) == settings.stream_realtime_offline_trigger_seconds + 5.0 == 15.0
-    for behind, expected in ((12, True), (20, False)):
+    assert st.sinks_lag_s(settings) == settings.stream_realtime_offline_trigger_seconds + 5.0 == 35.0
+    for behind, expected in ((32, True), (40, False)):
         clock = datetime.fromtimestamp(time.time() - behind, tz=UTC).isoformat()
         redis_client.hset(stream_progress_key(), "clock", clock)
         caught_up, last = st._wait_for_clock(settings, "microbatch", lambda: True, 0.5,

@@ -784,12 +784,15 @@ def _nice_of(pid: int, timeout_s: float = 30.0) -> int:
 def _realtime_settings(make_settings: Callable[..., Settings], tmp_path: Path,
                        prefix: str) -> Settings:
     """A Real-time job's settings on a topic of its own (created): 5 s epochs, two tile feeds
-    (the second a process), and the task slots Real-time Mode holds at once."""
+    (the second a process), the task slots Real-time Mode holds at once, and a 10 s trigger
+    for the Parquet sinks' process (not the 30 s default: ``--until-idle`` waits a trigger
+    interval before it stops that process, and the test stops the job three times)."""
     from pipelines.streaming.realtime import required_slots
 
     topic = f"{prefix}.{tmp_path.name[-20:]}".replace("_", "-")
     settings = stream_settings(make_settings, tmp_path, topic, stream_mode="realtime",
-                               stream_realtime_checkpoint_seconds=5, stream_realtime_feeds=2)
+                               stream_realtime_checkpoint_seconds=5, stream_realtime_feeds=2,
+                               stream_realtime_offline_trigger_seconds=10.0)
     settings = settings.model_copy(update={"spark_master": f"local[{required_slots(settings)}]"})
     create_topic(settings, topic)
     return settings

@@ -102,11 +102,11 @@ def test_beside_a_real_time_query_the_parquet_query_triggers_at_its_own_interval
     from pipelines.stream import trigger_seconds_of
 
     monkeypatch.delenv("SHOPSTREAM_STREAM_REALTIME_OFFLINE_TRIGGER_SECONDS", raising=False)
-    assert trigger_seconds_of(Settings(_env_file=None), realtime=True) == 10.0
-    monkeypatch.setenv("SHOPSTREAM_STREAM_REALTIME_OFFLINE_TRIGGER_SECONDS", "30")
+    assert trigger_seconds_of(Settings(_env_file=None), realtime=True) == 30.0
+    monkeypatch.setenv("SHOPSTREAM_STREAM_REALTIME_OFFLINE_TRIGGER_SECONDS", "20")
     settings = Settings(_env_file=None, stream_trigger_seconds=0.5)
     assert trigger_seconds_of(settings, realtime=False) == 0.5
-    assert trigger_seconds_of(settings, realtime=True) == 30.0
+    assert trigger_seconds_of(settings, realtime=True) == 20.0
 
 
 @pytest.mark.parametrize(("idle", "trigger", "wait"), [
