@@ -786,7 +786,7 @@ def _realtime_settings(make_settings: Callable[..., Settings], tmp_path: Path,
     """A Real-time job's settings on a topic of its own (created): 5 s epochs, two tile feeds
     (the second a process), the task slots Real-time Mode holds at once, and a 10 s trigger
     for the Parquet sinks' process (not the 30 s default: ``--until-idle`` waits a trigger
-    interval before it stops that process, and the test stops the job three times)."""
+    interval before it stops that process, and the end-to-end test runs it twice)."""
     from pipelines.streaming.realtime import required_slots
 
     topic = f"{prefix}.{tmp_path.name[-20:]}".replace("_", "-")
