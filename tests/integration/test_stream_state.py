@@ -192,6 +192,43 @@ def test_a_replayed_batch_changes_nothing(
             assert compare_values(spec, online, spec.decode(encoded)) == [], row[spec.join_key]
 
 
+def test_a_batch_never_overwrites_features_of_a_later_event_time(
+    make_settings: Callable[..., Settings], redis_client: Any, spark: Any,
+) -> None:
+    """Features another writer stored as of a later time (a materialization run ahead of
+    the stream) stay; the other touched entities get the batch's."""
+    from features.feast_layout import (
+        ITEM_STATS,
+        USER_ACTIVITY,
+        decode_timestamp,
+        encode_timestamp,
+        timestamp_field,
+    )
+    from pipelines.connections import redis_kwargs
+    from pipelines.stream_state import TileStore
+
+    settings = make_settings()
+    store = TileStore(redis_kwargs(settings, timeout_ms=5000), slide_seconds=60, last_items_n=5,
+                      long_window_seconds=86_400, ttl_seconds=3600, top_n=5)
+    events = _events(200, 12)
+    clock = max(e[2] for e in events)
+    clock_us = (clock - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+    later = clock + timedelta(hours=1)
+    held = {spec: spec.redis_key(key) for spec, key in ((USER_ACTIVITY, "u0"), (ITEM_STATS, "i0"))}
+    for spec, key in held.items():
+        redis_client.hset(key, timestamp_field(spec.name), encode_timestamp(later))
+
+    store.apply(spark, spark.createDataFrame(events, EVENT_SCHEMA), batch_id=0,
+                as_of_us=clock_us)
+
+    for spec, key in held.items():  # untouched: no feature written beside the later time
+        assert redis_client.hkeys(key) == [timestamp_field(spec.name)], spec.name
+        assert decode_timestamp(redis_client.hget(key, timestamp_field(spec.name))) == later
+    for spec, key in ((USER_ACTIVITY, "u1"), (ITEM_STATS, "i1")):  # touched by the batch too
+        stored = redis_client.hget(spec.redis_key(key), timestamp_field(spec.name))
+        assert decode_timestamp(stored) == clock, (spec.name, key)
+
+
 def test_a_new_checkpoints_batches_reach_the_tiles_an_earlier_one_left(
     make_settings: Callable[..., Settings], redis_client: Any, spark: Any,
 ) -> None:
