@@ -57,6 +57,7 @@ class RedisServer:
             "daemonize no",
             "appendonly yes",
             "appendfsync everysec",
+            f"auto-aof-rewrite-min-size {s.redis_aof_rewrite_min_mb}mb",
             "save ''",
             "maxmemory-policy noeviction",
             "tcp-keepalive 60",

@@ -40,6 +40,10 @@ def test_redis_roundtrip_and_persistence_config(redis_server: RedisServer, redis
     redis_client.set("k", "v")
     assert redis_client.get("k") == b"v"
     assert redis_client.config_get("appendonly")["appendonly"] == "yes"
+    # the append-only file is rewritten only once it is large (the setting, 1 GB by default)
+    rewrite_min = redis_client.config_get("auto-aof-rewrite-min-size")["auto-aof-rewrite-min-size"]
+    assert int(rewrite_min) == redis_server.settings.redis_aof_rewrite_min_mb * 1024 * 1024
+    assert Settings.model_fields["redis_aof_rewrite_min_mb"].default == 1024
     assert redis_client.config_get("bind")["bind"].startswith("127.0.0.1")
 
 
