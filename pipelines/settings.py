@@ -103,10 +103,10 @@ class Settings(BaseSettings):
     redis_aof_rewrite_min_mb: int = Field(default=1024, ge=1)
     """The local ``redis-server``'s ``auto-aof-rewrite-min-size`` (MB): its append-only
     file is rewritten once it has doubled and is at least this large. The stream rewrites
-    the same keys over and over, so the file grows fast (about 5.5 MB/s in Real-time Mode
-    at 2,000 events/s) while the data stays small (about 20 MB): with Redis's 64 MB, a
-    rewrite (a fork writing the whole data set) started every 7.7 s and kept a core busy
-    for 1.1 s each time, about a sixth of a core on a machine the online path needs whole.
+    the same keys over and over, so the file grows fast (5.3 MB/s in Real-time Mode at
+    2,000 events/s, in the bench) while the data stays small (22.5 MB): with Redis's 64 MB,
+    a rewrite (a fork writing the whole data set, 0.4-1.9 s of a core) started every
+    7.5-13 s, 0.13 of a core on a machine the online path needs whole.
     The AOF on disk may grow to this size before it is rewritten. Managed Redis
     (ElastiCache) keeps its own persistence: this only configures the server the project
     starts."""
