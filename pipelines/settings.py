@@ -219,6 +219,14 @@ class Settings(BaseSettings):
     events/s: p99 1.02 and 0.89 s, max 1.06 and 1.55 s); at 19, p99 0.40 and 0.73 s, max
     0.52 and 0.81 s, and its batches still took 3-6 s of each 10 s trigger. 0: the same
     priority."""
+    stream_realtime_offline_stall_seconds: float = Field(default=300.0, ge=0)
+    """Real-time Mode: how long the Parquet sinks' process may go without a sign of progress
+    from its query (a batch's progress, or its idle report: every trigger at most, see
+    ``stream_realtime_offline_trigger_seconds``) before the driver restarts it at its own
+    priority, not ``stream_realtime_offline_nice``, for the rest of the run. On the slowest
+    machine seen, at 2,000 events/s, the niced process had not started its query after
+    300 s, while Kafka's retention ran on (``pipelines.streaming.offline_process``). Keep it
+    several triggers long (and longer than a catch-up batch takes); 0: never restart."""
     stream_realtime_user_cache_tiles: int = Field(default=600_000, ge=0)
     """Real-time Mode: user tiles the tile feed keeps decoded in memory (about 2 KB each),
     so a touched user is not read back from Redis. Size it for the users active in a

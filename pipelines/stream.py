@@ -668,7 +668,12 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
     options = options or StreamOptions()
     spark = spark or _spark_for(settings, latency=settings.stream_mode == "realtime" and options.online)
     recorder = MetricsRecorder(settings)
-    listener = ProgressListener(recorder)
+    pulse = None
+    if not options.online:  # Real-time Mode's Parquet sinks' process: its driver watches it
+        from pipelines.streaming.offline_process import pulse_from_env
+
+        pulse = pulse_from_env()
+    listener = ProgressListener(recorder, on_event=pulse)
     spark.streams.addListener(listener)
     graceful = GracefulStop("stream")
     state: str | None = None  # what `shopstream status` shows once the query started
@@ -789,10 +794,13 @@ def _wait_realtime(rtm: Any, sinks: Any, options: StreamOptions,
                 # an epoch ends (every stream_realtime_checkpoint_seconds); its freshness is
                 # in the feed's rt_ figures
                 recorder.heartbeat(None)
+            restarts = sinks.restarts
             try:
                 sinks_done = sinks.check()
             except RuntimeError as exc:  # the sinks' process failed: so does the job
                 raise StreamFailed(str(exc)) from exc
+            if sinks.restarts != restarts and recorder is not None:  # it had stalled
+                recorder.publish_sinks_restart(sinks.restart_why)
             if deadline is not None and time.monotonic() > deadline:
                 log.warning("stream: timeout after %.0f s, stopping", options.timeout_seconds)
                 why = "timeout"

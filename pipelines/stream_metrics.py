@@ -518,6 +518,11 @@ def stream_health(progress: Mapping[str, str], now: datetime,
                      f"{float(progress.get(f'{prefix}query_p99_s') or 0):.2f}, feed "
                      f"{float(progress.get(f'{prefix}feed_p99_s') or 0):.2f}; "
                      f"{_ago(rt_stamp, now)})")
+    restarted = _parse_time(progress.get("sinks_restarted"))
+    if restarted and (since is None or restarted >= since):
+        parts.append(f"Parquet sinks restarted at the driver's priority {_ago(restarted, now)} "
+                     f"({progress.get('sinks_restart_why') or 'they had stalled'}: the cores "
+                     "are full, and the online path's freshness pays for the offline store's)")
     if progress.get("clock"):
         parts.append(f"features as of {progress['clock']}")
     return StreamHealth("running" if state == "running" else "unknown", "; ".join(parts))
@@ -642,6 +647,11 @@ class MetricsRecorder:
         its state stays ``running`` with an old ``job_state_since`` and ``timestamp``."""
         self._hset({"job_state": state, "job_state_since": datetime.now(UTC).isoformat()})
 
+    def publish_sinks_restart(self, why: str) -> None:
+        """Real-time Mode's Parquet sinks' process was restarted at the driver's priority
+        after a stall (``pipelines.streaming.offline_process``): for ``shopstream status``."""
+        self._hset({"sinks_restarted": datetime.now(UTC).isoformat(), "sinks_restart_why": why})
+
     def heartbeat(self, caught_up: Callable[[], bool | None] | None = None) -> None:
         """Stamp ``job_heartbeat`` (and ``job_caught_up``: the last batch read all the input
         there was) at most every :data:`HEARTBEAT_SECONDS`; called from the job's wait loop,
@@ -719,9 +729,13 @@ class ProgressListener(_ListenerBase):  # type: ignore[misc,valid-type]
     the other ``on*`` methods a small dict (``id``, and ``name`` or ``exception``).
     """
 
-    def __init__(self, recorder: MetricsRecorder, query_names: tuple[str, ...] | None = None) -> None:
+    def __init__(self, recorder: MetricsRecorder, query_names: tuple[str, ...] | None = None,
+                 on_event: Callable[[], None] | None = None) -> None:
         self.recorder = recorder
         self.query_names = query_names
+        self.on_event = on_event
+        """Called on each progress or idle event: the query is alive and getting CPU
+        (Real-time Mode's Parquet sinks' pulse, ``pipelines.streaming.offline_process``)."""
         self._terminated: set[str] = set()
         self._ended = threading.Condition()
 
@@ -752,7 +766,15 @@ class ProgressListener(_ListenerBase):  # type: ignore[misc,valid-type]
     def onQueryStarted(self, event: Any) -> None:
         log.debug("query started: %s (%s)", event.get("name"), event.get("id"))
 
+    def _pulse(self) -> None:
+        if self.on_event is not None:
+            try:
+                self.on_event()
+            except Exception:  # noqa: BLE001 - a listener must not break the query
+                log.exception("stream metrics: the event hook failed")
+
     def onQueryProgress(self, event: Any) -> None:
+        self._pulse()
         try:
             progress = json.loads(event)
             if self.query_names and progress.get("name") not in self.query_names:
@@ -762,7 +784,7 @@ class ProgressListener(_ListenerBase):  # type: ignore[misc,valid-type]
             log.exception("stream metrics: progress handling failed")
 
     def onQueryIdle(self, event: Any) -> None:
-        pass
+        self._pulse()
 
     def onQueryTerminated(self, event: Any) -> None:
         if event.get("exception"):

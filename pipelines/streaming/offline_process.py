@@ -26,6 +26,18 @@ signal if the parent is killed (:func:`die_with_parent`), which it takes as the 
 request, once. A supervisor may restart the parent while it finishes that batch: the new
 sinks' process waits for it (:mod:`pipelines.checkpoint_lock`). Both queries keep their own
 checkpoints, so a restart of either resumes where it left off.
+
+On a machine the online path fills, the niced process gets next to nothing: the CFS
+weight of nice +19 is 15 against 1,024 at nice 0. On the slowest machine seen, at 2,000
+events/s, its JVM did not finish starting its query in 300 s (its heartbeater, run
+before its block manager had registered, logged Spark's ``NullPointerException ...
+"idWithoutTopologyInfo" is null``), so the offline store stopped at its last batch while
+Kafka's retention ran on. An unprivileged process can raise its nice value but never
+lower it again, so the driver watches the child instead: each event of its query
+(progress, or idle) touches a pulse file (:func:`pulse_from_env`); with none for
+``stream_realtime_offline_stall_seconds`` the driver stops it and starts it again at the
+driver's own priority for the rest of the run (:meth:`OfflineSinksProcess.check`). On such
+a machine the offline store then keeps up, and the online path's freshness pays for it.
 """
 
 from __future__ import annotations
@@ -38,16 +50,27 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 from pipelines.settings import Settings
 
-__all__ = ["OfflineSinksProcess", "OfflineSinksFailed", "die_with_parent", "lower_priority"]
+__all__ = ["OfflineSinksProcess", "OfflineSinksFailed", "die_with_parent", "lower_priority",
+           "pulse_from_env"]
 
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 PARENT_PID_ENV = "SHOPSTREAM_OFFLINE_PARENT_PID"
 """Set by :class:`OfflineSinksProcess` for its child: the pid it must outlive no longer."""
+PULSE_FILE_ENV = "SHOPSTREAM_OFFLINE_PULSE_FILE"
+"""Set by :class:`OfflineSinksProcess` for its child: the file each event of its query touches."""
+_STOPPED_EXITS = (0, 130, -signal.SIGKILL)
+"""How a child stopped by :meth:`OfflineSinksProcess.stop` may end without having failed:
+finished its batch (0); the SIGTERM came before its query had started, while its signal
+handlers were not in place yet, and ended it as a Ctrl-C does (130); killed after the
+grace period. Its checkpoint replays whatever it had not committed."""
 
 
 class OfflineSinksFailed(RuntimeError):
@@ -83,6 +106,28 @@ def die_with_parent() -> None:
         raise SystemExit("the Real-time driver that started this process is gone")
 
 
+def pulse_from_env() -> Callable[[], None] | None:
+    """In the sinks' process, what its query's listener calls on each event: touch the pulse
+    file its driver watches (module docstring). ``None`` in any other process."""
+    path = os.environ.get(PULSE_FILE_ENV)
+    if not path:
+        return None
+    pulse = Path(path)
+
+    def touch() -> None:
+        with contextlib.suppress(OSError):  # the driver then restarts it: never fail the query
+            pulse.touch()
+
+    return touch
+
+
+def stalled_for(now: float, started: float, last_pulse: float | None) -> float:
+    """Seconds since the sinks' process last showed progress: since its last pulse, or
+    since its start when it has sent none since (an earlier process's pulse does not count)."""
+    last = started if last_pulse is None or last_pulse < started else last_pulse
+    return max(now - last, 0.0)
+
+
 class OfflineSinksProcess:
     """``shopstream stream --offline-only`` beside the Real-time query (module docstring)."""
 
@@ -92,9 +137,18 @@ class OfflineSinksProcess:
         self.stop_mode = stop
         self.idle_seconds = idle_seconds
         self.snapshots = snapshots
+        self.nice = settings.stream_realtime_offline_nice
+        """The child's nice value: the setting's, 0 once a stall restarted it."""
+        self.restarts = 0
+        self.restart_why = ""
+        """Why the last restart: for ``shopstream status``."""
         self._proc: subprocess.Popen[bytes] | None = None
+        self._stopping = False
+        self._started_at = 0.0
+        self.pulse_path = settings.run_path / f"offline-sinks.{os.getpid()}.pulse"
 
-    def start(self) -> None:
+    def _command(self) -> list[str]:
+        """The child's command line (a test runs another program in its place)."""
         args = [sys.executable, "-m", "pipelines.cli", "stream", "--offline-only"]
         if self.snapshots:  # the feature snapshots the feed asks for, off the online path
             args.append("--realtime-snapshots")
@@ -102,38 +156,86 @@ class OfflineSinksProcess:
             args.append("--available-now")
         elif self.stop_mode == "idle":
             args += ["--until-idle", f"{self.idle_seconds:g}"]
+        return args
+
+    def start(self) -> None:
         from pipelines.stream import trigger_seconds_of
 
         trigger = trigger_seconds_of(self.settings, realtime=True)
         env = self.settings.model_copy(update={
-            "stream_mode": "microbatch", "stream_trigger_seconds": trigger}).child_env()
+            "stream_mode": "microbatch", "stream_trigger_seconds": trigger,
+            "stream_realtime_offline_nice": self.nice}).child_env()
         env[PARENT_PID_ENV] = str(os.getpid())
+        self.pulse_path.parent.mkdir(parents=True, exist_ok=True)
+        env[PULSE_FILE_ENV] = str(self.pulse_path)
+        self._stopping = False
+        self._started_at = time.time()
         # its own process group, so a Ctrl-C in the terminal reaches the parent only, which
         # stops it with one SIGTERM (a second signal would stop it mid-batch); but the
         # parent's session, or its nice value would not count (module docstring)
-        self._proc = subprocess.Popen(args, env=env, process_group=0)
+        self._proc = subprocess.Popen(self._command(), env=env, process_group=0)
         log.info("Parquet sinks: process %d (shopstream stream --offline-only%s, nice +%d, "
                  "trigger %ss)", self._proc.pid, " --realtime-snapshots" if self.snapshots else "",
-                 self.settings.stream_realtime_offline_nice, trigger)
+                 self.nice, trigger)
 
     @property
     def returncode(self) -> int | None:
         return None if self._proc is None else self._proc.poll()
 
     def check(self) -> bool:
-        """True once the process has ended cleanly; raises :class:`OfflineSinksFailed`
-        when it failed."""
+        """True once the process has ended cleanly (by itself, or as :meth:`stop` asked);
+        raises :class:`OfflineSinksFailed` when it failed. While it runs, restarts it at
+        the driver's priority once it has stalled (module docstring)."""
+        if self._proc is None:
+            return False  # not started
         code = self.returncode
-        if code not in (None, 0):
-            raise OfflineSinksFailed(f"the Parquet sinks' process (shopstream stream "
-                                     f"--offline-only) exited with {code}; see its log above")
-        return code == 0
+        if code is None:
+            self._restart_if_stalled()
+            return False
+        if code == 0 or (self._stopping and code in _STOPPED_EXITS):
+            return True
+        raise OfflineSinksFailed(f"the Parquet sinks' process (shopstream stream "
+                                 f"--offline-only) exited with {code}; see its log above")
+
+    def _restart_if_stalled(self) -> None:
+        bound = self.settings.stream_realtime_offline_stall_seconds
+        if not bound or not self.nice:
+            return
+        try:
+            pulse: float | None = self.pulse_path.stat().st_mtime
+        except OSError:
+            pulse = None
+        stalled = stalled_for(time.time(), self._started_at, pulse)
+        if stalled <= bound:
+            return
+        log.warning("Parquet sinks: process %d at nice +%d showed no progress for %.0f s "
+                    "(SHOPSTREAM_STREAM_REALTIME_OFFLINE_STALL_SECONDS): the cores are full. "
+                    "Restarting it at the driver's priority for the rest of this run; the "
+                    "offline store keeps up, and the online path's freshness pays for it",
+                    self._proc.pid if self._proc else 0, self.nice, stalled)
+        self.restart_why = f"no progress for {stalled:.0f} s at nice +{self.nice}"
+        self.stop(0.0)
+        code = self.returncode
+        if code not in _STOPPED_EXITS:
+            self.check()  # it failed on its own meanwhile: say so
+        self.nice = 0
+        self.restarts += 1
+        self.start()
 
     def stop(self, grace_seconds: float) -> None:
-        """SIGTERM (it finishes its running micro-batch), then SIGKILL after ``grace_seconds``."""
+        """SIGTERM (it finishes its running micro-batch), then SIGKILL after ``grace_seconds``
+        (plus 30 s)."""
+        try:
+            self._stop(grace_seconds)
+        finally:
+            with contextlib.suppress(OSError):
+                self.pulse_path.unlink()
+
+    def _stop(self, grace_seconds: float) -> None:
         proc = self._proc
         if proc is None or proc.poll() is not None:
             return
+        self._stopping = True
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
         try:

@@ -853,6 +853,14 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
                 time.sleep(0.2)
             verdict = stream_health(read_progress(settings, client=redis_client), datetime.now(UTC))
             assert verdict.state == "running", verdict
+            # each event of the sinks' query (a batch, an idle trigger) touches the pulse its
+            # driver watches, or the driver would take it for stalled and restart it
+            pulse = settings.run_path / f"offline-sinks.{job.pid}.pulse"
+            pulse_deadline = time.monotonic() + 300
+            while not pulse.exists():
+                assert job.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < pulse_deadline, "the sinks' query sent no pulse in 300 s"
+                time.sleep(0.2)
             produce(settings, first[300:])
             assert job.wait(timeout=900) == 0, log_path.read_text()[-3000:]
         finally:
@@ -866,6 +874,8 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
     assert f"trigger {settings.stream_realtime_offline_trigger_seconds}s (Parquet sinks" in logged
     # the stop lands mid-epoch: one line says so, none of Spark's per-task abort traces
     assert "stopping mid-epoch" in logged
+    assert not pulse.exists(), "the driver leaves its sinks' pulse file behind"
+    assert "showed no progress" not in logged  # the sinks kept their lower priority
     noise = [line for line in log_path.read_text().splitlines()
              if " ERROR " in line and any(line.split(" ERROR ")[1].startswith(name.rsplit(".", 1)[1])
                                           for name in STOP_NOISE_LOGGERS)]

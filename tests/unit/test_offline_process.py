@@ -124,3 +124,112 @@ def test_check_tells_a_clean_end_from_a_failure() -> None:
     sinks._proc.wait()
     with pytest.raises(OfflineSinksFailed, match="exited with 3"):
         sinks.check()
+
+
+def test_a_sinks_process_stalls_from_its_start_until_its_first_pulse() -> None:
+    from pipelines.streaming.offline_process import stalled_for
+
+    assert stalled_for(now=110.0, started=100.0, last_pulse=None) == 10.0
+    # an earlier process's pulse, older than this start, does not count
+    assert stalled_for(now=110.0, started=100.0, last_pulse=95.0) == 10.0
+    assert stalled_for(now=110.0, started=100.0, last_pulse=107.5) == 2.5
+    assert stalled_for(now=100.0, started=100.0, last_pulse=100.5) == 0.0  # clocks' jitter
+
+
+# A stand-in for `shopstream stream --offline-only`: it lowers its priority as the real one
+# does, reports it, pulses (or not), and stops on SIGTERM as the CLI does before its
+# query's handlers are in place (a Ctrl-C: exit 130).
+_STAND_IN = (
+    "import os, signal, sys, time\n"
+    "from pipelines.settings import Settings\n"
+    "from pipelines.streaming.offline_process import lower_priority, pulse_from_env\n"
+    "signal.signal(signal.SIGTERM, signal.default_int_handler)\n"
+    "lower_priority(Settings(_env_file=None))\n"
+    "pulse = pulse_from_env()\n"
+    "try:\n"
+    "    while True:\n"
+    "        if sys.argv[1] == 'pulse':\n"
+    "            pulse()\n"
+    "        time.sleep(0.1)\n"
+    "except KeyboardInterrupt:\n"
+    "    sys.exit(130)\n"
+)
+
+
+class _StandIn(OfflineSinksProcess):
+    def __init__(self, settings: Settings, behaviour: str) -> None:
+        super().__init__(settings, stop="never", idle_seconds=0.0)
+        self.behaviour = behaviour
+        self.pids: list[int] = []
+
+    def _command(self) -> list[str]:
+        return [sys.executable, "-c", _STAND_IN, self.behaviour]
+
+    def start(self) -> None:
+        super().start()
+        assert self._proc is not None
+        self.pids.append(self._proc.pid)
+
+
+def _nice(pid: int, want: int, timeout_s: float = 30.0) -> int:
+    """The process's nice value once it reached ``want`` (it lowers its own after its start)."""
+    deadline = time.monotonic() + timeout_s
+    nice = os.getpriority(os.PRIO_PROCESS, pid)
+    while nice != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+        nice = os.getpriority(os.PRIO_PROCESS, pid)
+    return nice
+
+
+def _run_checks(sinks: OfflineSinksProcess, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert sinks.check() is False
+        time.sleep(0.1)
+
+
+def test_a_stalled_sinks_process_is_restarted_once_at_the_drivers_priority(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    settings = Settings(_env_file=None, data_dir=str(tmp_path),
+                        stream_realtime_offline_stall_seconds=2.0)
+    sinks = _StandIn(settings, "silent")
+    sinks.start()
+    try:
+        first = sinks.pids[0]
+        assert _nice(first, settings.stream_realtime_offline_nice) == settings.stream_realtime_offline_nice > 0
+        _run_checks(sinks, 4.0)  # no pulse within 2 s: stopped (its exit 130 is no failure)
+        assert len(sinks.pids) == 2 and not _alive(first)
+        assert sinks.nice == 0 and sinks.restarts == 1
+        assert _nice(sinks.pids[1], 0, timeout_s=2.0) == 0
+        assert "showed no progress" in caplog.text and "Restarting it at the driver's priority" in caplog.text
+        _run_checks(sinks, 3.0)  # already at the driver's priority: nothing more to give it
+        assert len(sinks.pids) == 2
+    finally:
+        sinks.stop(0.0)
+    assert sinks.check() is True  # the stop's exit 130 is not a failure either
+    assert not sinks.pulse_path.exists()
+
+
+def test_a_pulsing_sinks_process_keeps_its_lower_priority(tmp_path: Path) -> None:
+    settings = Settings(_env_file=None, data_dir=str(tmp_path),
+                        stream_realtime_offline_stall_seconds=2.0)
+    sinks = _StandIn(settings, "pulse")
+    sinks.start()
+    try:
+        _run_checks(sinks, 5.0)
+        assert sinks.pids == sinks.pids[:1] and sinks.restarts == 0
+        assert _nice(sinks.pids[0], settings.stream_realtime_offline_nice) == settings.stream_realtime_offline_nice
+        assert sinks.pulse_path.exists()
+    finally:
+        sinks.stop(0.0)
+    assert sinks.check() is True
+
+
+def test_a_sinks_process_failing_on_its_own_is_still_a_failure(tmp_path: Path) -> None:
+    """Only a stop the driver asked for makes a Ctrl-C's exit 130 a clean end."""
+    sinks = OfflineSinksProcess(Settings(_env_file=None, data_dir=str(tmp_path)), stop="never",
+                                idle_seconds=0.0)
+    sinks._proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(130)"])
+    sinks._proc.wait()
+    with pytest.raises(OfflineSinksFailed, match="exited with 130"):
+        sinks.check()

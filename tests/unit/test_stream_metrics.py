@@ -377,6 +377,22 @@ def test_realtime_figures_of_an_earlier_run_are_not_shown() -> None:
             in stream_health(_running(now, **rt, **slower_first), now).message)
 
 
+def test_status_tells_of_parquet_sinks_restarted_after_a_stall_in_this_run_only() -> None:
+    from datetime import UTC, timedelta
+
+    from pipelines.stream_metrics import stream_health
+
+    now = datetime(2026, 11, 27, 20, 0, tzinfo=UTC)
+    restart = {"sinks_restarted": (now - timedelta(minutes=4)).isoformat(),
+               "sinks_restart_why": "no progress for 301 s at nice +19"}
+    shown = stream_health(_running(now, mode="realtime", **restart), now)
+    assert shown.state == "running" and shown.healthy  # nothing is lost: it keeps up again
+    assert ("Parquet sinks restarted at the driver's priority 4 min ago (no progress for 301 s "
+            "at nice +19: the cores are full" in shown.message)
+    earlier = {**restart, "sinks_restarted": (now - timedelta(hours=1)).isoformat()}
+    assert "Parquet sinks" not in stream_health(_running(now, **earlier), now).message
+
+
 def test_a_second_feeds_progress_fields_carry_its_index() -> None:
     from pipelines.stream_metrics import realtime_feed_prefixes, realtime_fields
 
