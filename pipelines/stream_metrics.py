@@ -520,7 +520,7 @@ def stream_health(progress: Mapping[str, str], now: datetime,
                      f"{_ago(rt_stamp, now)})")
     restarted = _parse_time(progress.get("sinks_restarted"))
     if restarted and (since is None or restarted >= since):
-        parts.append(f"Parquet sinks restarted at the driver's priority {_ago(restarted, now)} "
+        parts.append(f"Parquet sinks given the driver's priority {_ago(restarted, now)} "
                      f"({progress.get('sinks_restart_why') or 'they had stalled'}: the cores "
                      "are full, and the online path's freshness pays for the offline store's)")
     if progress.get("clock"):
@@ -648,8 +648,8 @@ class MetricsRecorder:
         self._hset({"job_state": state, "job_state_since": datetime.now(UTC).isoformat()})
 
     def publish_sinks_restart(self, why: str) -> None:
-        """Real-time Mode's Parquet sinks' process was restarted at the driver's priority
-        after a stall (``pipelines.streaming.offline_process``): for ``shopstream status``."""
+        """Real-time Mode's Parquet sinks' process was given the driver's priority after a
+        stall (``pipelines.streaming.offline_process``): for ``shopstream status``."""
         self._hset({"sinks_restarted": datetime.now(UTC).isoformat(), "sinks_restart_why": why})
 
     def heartbeat(self, caught_up: Callable[[], bool | None] | None = None) -> None:

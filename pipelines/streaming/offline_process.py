@@ -35,9 +35,11 @@ before its block manager had registered, logged Spark's ``NullPointerException .
 Kafka's retention ran on. An unprivileged process can raise its nice value but never
 lower it again, so the driver watches the child instead: each event of its query
 (progress, or idle) touches a pulse file (:func:`pulse_from_env`); with none for
-``stream_realtime_offline_stall_seconds`` the driver stops it and starts it again at the
-driver's own priority for the rest of the run (:meth:`OfflineSinksProcess.check`). On such
-a machine the offline store then keeps up, and the online path's freshness pays for it.
+``stream_realtime_offline_stall_seconds`` the driver gives it its own priority for the rest
+of the run (:meth:`OfflineSinksProcess.check`): in place, thread by thread, where it may
+lower a nice value (``CAP_SYS_NICE``: root, or a container granted it), which keeps the JVM
+it has warmed up; else by stopping it and starting it again. On such a machine the offline
+store then keeps up, and the online path's freshness pays for it.
 """
 
 from __future__ import annotations
@@ -128,6 +130,27 @@ def stalled_for(now: float, started: float, last_pulse: float | None) -> float:
     return max(now - last, 0.0)
 
 
+def descendants(pid: int) -> list[int]:
+    """The processes under ``pid`` (children, theirs, ...), from ``/proc``: the sinks'
+    process starts its JVM as a child of its own."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 class OfflineSinksProcess:
     """``shopstream stream --offline-only`` beside the Real-time query (module docstring)."""
 
@@ -140,8 +163,9 @@ class OfflineSinksProcess:
         self.nice = settings.stream_realtime_offline_nice
         """The child's nice value: the setting's, 0 once a stall restarted it."""
         self.restarts = 0
+        """How often a stall gave it the driver's priority (in place, or by a restart)."""
         self.restart_why = ""
-        """Why the last restart: for ``shopstream status``."""
+        """Why the last time: for ``shopstream status``."""
         self._proc: subprocess.Popen[bytes] | None = None
         self._stopping = False
         self._started_at = 0.0
@@ -158,6 +182,20 @@ class OfflineSinksProcess:
             args += ["--until-idle", f"{self.idle_seconds:g}"]
         return args
 
+    def _remove_dead_drivers_pulses(self) -> None:
+        """A driver killed with SIGKILL leaves its pulse file behind: remove those whose
+        driver is gone (the pid in the name)."""
+        for path in self.pulse_path.parent.glob("offline-sinks.*.pulse"):
+            try:
+                os.kill(int(path.name.split(".")[1]), 0)
+            except ValueError:
+                continue  # not one of ours
+            except ProcessLookupError:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            except PermissionError:
+                pass  # alive, another user's
+
     def start(self) -> None:
         from pipelines.stream import trigger_seconds_of
 
@@ -167,6 +205,8 @@ class OfflineSinksProcess:
             "stream_realtime_offline_nice": self.nice}).child_env()
         env[PARENT_PID_ENV] = str(os.getpid())
         self.pulse_path.parent.mkdir(parents=True, exist_ok=True)
+        if self._proc is None:
+            self._remove_dead_drivers_pulses()
         env[PULSE_FILE_ENV] = str(self.pulse_path)
         self._stopping = False
         self._started_at = time.time()
@@ -184,8 +224,8 @@ class OfflineSinksProcess:
 
     def check(self) -> bool:
         """True once the process has ended cleanly (by itself, or as :meth:`stop` asked);
-        raises :class:`OfflineSinksFailed` when it failed. While it runs, restarts it at
-        the driver's priority once it has stalled (module docstring)."""
+        raises :class:`OfflineSinksFailed` when it failed. While it runs, gives it the
+        driver's priority once it has stalled (module docstring)."""
         if self._proc is None:
             return False  # not started
         code = self.returncode
@@ -199,7 +239,7 @@ class OfflineSinksProcess:
 
     def _restart_if_stalled(self) -> None:
         bound = self.settings.stream_realtime_offline_stall_seconds
-        if not bound or not self.nice:
+        if not bound or self.nice <= self._driver_nice():
             return
         try:
             pulse: float | None = self.pulse_path.stat().st_mtime
@@ -208,19 +248,54 @@ class OfflineSinksProcess:
         stalled = stalled_for(time.time(), self._started_at, pulse)
         if stalled <= bound:
             return
-        log.warning("Parquet sinks: process %d at nice +%d showed no progress for %.0f s "
-                    "(SHOPSTREAM_STREAM_REALTIME_OFFLINE_STALL_SECONDS): the cores are full. "
-                    "Restarting it at the driver's priority for the rest of this run; the "
-                    "offline store keeps up, and the online path's freshness pays for it",
-                    self._proc.pid if self._proc else 0, self.nice, stalled)
+        pid = self._proc.pid if self._proc else 0
         self.restart_why = f"no progress for {stalled:.0f} s at nice +{self.nice}"
+        self.restarts += 1
+        if self._raise_priority():
+            log.warning("Parquet sinks: process %d at nice +%d showed no progress for %.0f s "
+                        "(SHOPSTREAM_STREAM_REALTIME_OFFLINE_STALL_SECONDS): the cores are "
+                        "full. Its threads now run at the driver's priority (nice +%d) for the "
+                        "rest of this run; the offline store keeps up, and the online path's "
+                        "freshness pays for it", pid, self.nice, stalled, self._driver_nice())
+            self.nice = self._driver_nice()
+            return
+        log.warning("Parquet sinks: process %d at nice +%d showed no progress for %.0f s "
+                    "(SHOPSTREAM_STREAM_REALTIME_OFFLINE_STALL_SECONDS): the cores are full, "
+                    "and this process may not lower a nice value. Restarting it at the "
+                    "driver's priority for the rest of this run; the offline store keeps up, "
+                    "and the online path's freshness pays for it", pid, self.nice, stalled)
         self.stop(0.0)
         code = self.returncode
         if code not in _STOPPED_EXITS:
             self.check()  # it failed on its own meanwhile: say so
-        self.nice = 0
-        self.restarts += 1
+        self.nice = self._driver_nice()
         self.start()
+
+    @staticmethod
+    def _driver_nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+
+    def _raise_priority(self) -> bool:
+        """Give every thread of the child and of its descendants (its JVM) the driver's nice
+        value, in place, keeping its warmed-up JVM. Lowering a nice value takes the
+        ``CAP_SYS_NICE`` capability (or a ``RLIMIT_NICE`` that allows it): False without it,
+        or where there is no ``/proc``."""
+        if self._proc is None or not Path("/proc/self/task").is_dir():
+            return False
+        target = self._driver_nice()
+        try:
+            for _ in range(2):  # a thread started during the first pass is caught by the second
+                for pid in (self._proc.pid, *descendants(self._proc.pid)):
+                    try:
+                        tids = os.listdir(f"/proc/{pid}/task")
+                    except FileNotFoundError:
+                        continue
+                    for tid in tids:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.setpriority(os.PRIO_PROCESS, int(tid), target)
+        except PermissionError:
+            return False
+        return True
 
     def stop(self, grace_seconds: float) -> None:
         """SIGTERM (it finishes its running micro-batch), then SIGKILL after ``grace_seconds``

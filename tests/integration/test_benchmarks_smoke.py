@@ -98,6 +98,9 @@ def test_streaming_smoke(tmp_path: Path) -> None:
     assert _row(payload, "freshness, microbatch")["batches"] == 2
     assert not [n for n in payload["notes"] if "could not run" in n], _explain(payload)
     assert _row(payload, "freshness, realtime")["batches"] == 2, _explain(payload)
+    # ...after its Parquet sinks' process had (the note says whether it had to be restarted)
+    assert [n for n in payload["notes"]
+            if n.startswith("realtime: the Parquet sinks' process caught up after")], _explain(payload)
 
 
 def test_tile_feed_smoke(tmp_path: Path) -> None:

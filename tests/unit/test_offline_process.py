@@ -188,11 +188,43 @@ def _run_checks(sinks: OfflineSinksProcess, seconds: float) -> None:
         time.sleep(0.1)
 
 
-def test_a_stalled_sinks_process_is_restarted_once_at_the_drivers_priority(
+class _Unprivileged(_StandIn):
+    """A driver that may not lower a nice value (no ``CAP_SYS_NICE``): it has to restart."""
+
+    def _raise_priority(self) -> bool:
+        return False
+
+
+def test_a_stalled_sinks_process_gets_the_drivers_priority_in_place_where_permitted(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     settings = Settings(_env_file=None, data_dir=str(tmp_path),
                         stream_realtime_offline_stall_seconds=2.0)
     sinks = _StandIn(settings, "silent")
+    sinks.start()
+    try:
+        pid = sinks.pids[0]
+        assert _nice(pid, settings.stream_realtime_offline_nice) == settings.stream_realtime_offline_nice > 0
+        _run_checks(sinks, 4.0)  # no pulse within 2 s
+        assert sinks.restarts == 1 and sinks.restart_why.startswith("no progress for ")
+        if os.geteuid() != 0:  # not permitted: restarted instead (the next test's case)
+            assert len(sinks.pids) == 2 and _nice(sinks.pids[1], 0, timeout_s=2.0) == 0
+            return
+        assert sinks.pids == [pid] and _alive(pid), "reniced in place, not restarted"
+        tids = os.listdir(f"/proc/{pid}/task")
+        assert {os.getpriority(os.PRIO_PROCESS, int(t)) for t in tids} == {0} and sinks.nice == 0
+        assert "Its threads now run at the driver's priority (nice +0)" in caplog.text
+        _run_checks(sinks, 3.0)  # at the driver's priority: nothing more to give it
+        assert sinks.restarts == 1
+    finally:
+        sinks.stop(0.0)
+    assert sinks.check() is True  # the stop's exit 130 is not a failure
+
+
+def test_a_stalled_sinks_process_is_restarted_once_at_the_drivers_priority(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    settings = Settings(_env_file=None, data_dir=str(tmp_path),
+                        stream_realtime_offline_stall_seconds=2.0)
+    sinks = _Unprivileged(settings, "silent")
     sinks.start()
     try:
         first = sinks.pids[0]
@@ -210,11 +242,36 @@ def test_a_stalled_sinks_process_is_restarted_once_at_the_drivers_priority(
     assert not sinks.pulse_path.exists()
 
 
+def test_descendants_finds_a_grandchild() -> None:
+    """The sinks' process runs its JVM as a child: renicing it must reach that far."""
+    from pipelines.streaming.offline_process import descendants
+
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, _CHILD], cwd=REPO,
+                              stdout=subprocess.PIPE)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert descendants(parent.pid) == [child]
+        assert child in descendants(os.getpid())
+    finally:
+        parent.kill()
+        parent.wait()
+
+
 def test_a_pulsing_sinks_process_keeps_its_lower_priority(tmp_path: Path) -> None:
     settings = Settings(_env_file=None, data_dir=str(tmp_path),
                         stream_realtime_offline_stall_seconds=2.0)
     sinks = _StandIn(settings, "pulse")
+    # a driver killed with SIGKILL left its pulse behind; a live one's stays
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    settings.run_path.mkdir(parents=True, exist_ok=True)
+    left = settings.run_path / f"offline-sinks.{gone.pid}.pulse"
+    live = settings.run_path / f"offline-sinks.{os.getppid()}.pulse"
+    left.touch()
+    live.touch()
     sinks.start()
+    assert not left.exists() and live.exists()
     try:
         _run_checks(sinks, 5.0)
         assert sinks.pids == sinks.pids[:1] and sinks.restarts == 0

@@ -387,7 +387,7 @@ def test_status_tells_of_parquet_sinks_restarted_after_a_stall_in_this_run_only(
                "sinks_restart_why": "no progress for 301 s at nice +19"}
     shown = stream_health(_running(now, mode="realtime", **restart), now)
     assert shown.state == "running" and shown.healthy  # nothing is lost: it keeps up again
-    assert ("Parquet sinks restarted at the driver's priority 4 min ago (no progress for 301 s "
+    assert ("Parquet sinks given the driver's priority 4 min ago (no progress for 301 s "
             "at nice +19: the cores are full" in shown.message)
     earlier = {**restart, "sinks_restarted": (now - timedelta(hours=1)).isoformat()}
     assert "Parquet sinks" not in stream_health(_running(now, **earlier), now).message
