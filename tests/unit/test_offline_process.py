@@ -195,17 +195,25 @@ class _Unprivileged(_StandIn):
         return False
 
 
-def test_a_stalled_sinks_process_gets_the_drivers_priority_in_place_where_permitted(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def _stalling(kind: type[_StandIn], tmp_path: Path) -> _StandIn:
+    """A stand-in that never pulses, started with a 2 s stall bound and checked for 4 s:
+    long enough for its driver to give it its own priority."""
     settings = Settings(_env_file=None, data_dir=str(tmp_path),
                         stream_realtime_offline_stall_seconds=2.0)
-    sinks = _StandIn(settings, "silent")
+    sinks = kind(settings, "silent")
     sinks.start()
+    nice = settings.stream_realtime_offline_nice
+    assert _nice(sinks.pids[0], nice) == nice > 0
+    _run_checks(sinks, 4.0)  # no pulse within 2 s
+    assert sinks.restarts == 1 and sinks.restart_why.startswith("no progress for ")
+    return sinks
+
+
+def test_a_stalled_sinks_process_gets_the_drivers_priority_in_place_where_permitted(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    sinks = _stalling(_StandIn, tmp_path)
     try:
         pid = sinks.pids[0]
-        assert _nice(pid, settings.stream_realtime_offline_nice) == settings.stream_realtime_offline_nice > 0
-        _run_checks(sinks, 4.0)  # no pulse within 2 s
-        assert sinks.restarts == 1 and sinks.restart_why.startswith("no progress for ")
         if os.geteuid() != 0:  # not permitted: restarted instead (the next test's case)
             assert len(sinks.pids) == 2 and _nice(sinks.pids[1], 0, timeout_s=2.0) == 0
             return
@@ -222,16 +230,11 @@ def test_a_stalled_sinks_process_gets_the_drivers_priority_in_place_where_permit
 
 def test_a_stalled_sinks_process_is_restarted_once_at_the_drivers_priority(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    settings = Settings(_env_file=None, data_dir=str(tmp_path),
-                        stream_realtime_offline_stall_seconds=2.0)
-    sinks = _Unprivileged(settings, "silent")
-    sinks.start()
+    sinks = _stalling(_Unprivileged, tmp_path)  # stopped: its exit 130 is no failure
     try:
         first = sinks.pids[0]
-        assert _nice(first, settings.stream_realtime_offline_nice) == settings.stream_realtime_offline_nice > 0
-        _run_checks(sinks, 4.0)  # no pulse within 2 s: stopped (its exit 130 is no failure)
         assert len(sinks.pids) == 2 and not _alive(first)
-        assert sinks.nice == 0 and sinks.restarts == 1
+        assert sinks.nice == 0
         assert _nice(sinks.pids[1], 0, timeout_s=2.0) == 0
         assert "showed no progress" in caplog.text and "Restarting it at the driver's priority" in caplog.text
         _run_checks(sinks, 3.0)  # already at the driver's priority: nothing more to give it
