@@ -589,8 +589,9 @@ def _realtime_freshness(run_settings: Any, topic: str, rate: float, probes: int,
     proc = _realtime_driver(run_settings, log_path)
     started = time.monotonic()
 
-    # a stalled sinks' process is restarted after stream_realtime_offline_stall_seconds
-    # (pipelines.streaming.offline_process): give the restarted one the same 300 s
+    # a stalled sinks' process gets the driver's priority after
+    # stream_realtime_offline_stall_seconds (pipelines.streaming.offline_process): give it
+    # the same 300 s from then
     sinks_wait = 300 + run_settings.stream_realtime_offline_stall_seconds
 
     def failed(what: str, lag_s: float, last: str, waited: float = 300) -> dict[str, Any]:
@@ -870,7 +871,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
                 result.notes.append(
                     f"{label}: the Parquet sinks' process caught up after "
                     f"{fresh['sinks_caught_up_s']:.0f} s"
-                    + (f", after its driver restarted it at its own priority "
+                    + (f", after its driver gave it its own priority "
                        f"({fresh['sinks_restarts']}x: no progress at nice "
                        f"+{settings.stream_realtime_offline_nice} for "
                        f"{settings.stream_realtime_offline_stall_seconds:.0f} s)"

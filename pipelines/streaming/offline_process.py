@@ -161,7 +161,7 @@ class OfflineSinksProcess:
         self.idle_seconds = idle_seconds
         self.snapshots = snapshots
         self.nice = settings.stream_realtime_offline_nice
-        """The child's nice value: the setting's, 0 once a stall restarted it."""
+        """The child's nice value: the setting's, the driver's once a stall gave it that."""
         self.restarts = 0
         """How often a stall gave it the driver's priority (in place, or by a restart)."""
         self.restart_why = ""
