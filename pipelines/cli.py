@@ -71,8 +71,19 @@ def _root(
         datefmt="[%X]",
         handlers=[RichHandler(console=console, show_path=False, rich_tracebacks=False)],
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(drop_py4j_interrupt_traceback)
     for noisy in ("kafka", "py4j", "urllib3", "feast", "alembic", "mlflow.store"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def drop_py4j_interrupt_traceback(record: logging.LogRecord) -> bool:
+    """False for py4j's "KeyboardInterrupt while sending command." traceback: a SIGTERM
+    (the CLI's Ctrl-C) that lands while the Spark session starts interrupts a py4j call,
+    and py4j logs that on the root logger at ERROR, past its own logger's level. The
+    interrupt is not an error: the command then stops as asked (exit 130)."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return not (isinstance(exc, KeyboardInterrupt) and "py4j" in Path(record.pathname).parts)
 
 
 # --------------------------------------------------------------------- infra
