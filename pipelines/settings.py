@@ -217,17 +217,20 @@ class Settings(BaseSettings):
     19, the lowest, since 2026-11-27: at 10 its JVM still took 0.7-0.9 of a core in every
     burst and the tile feed's lag reached 1-1.6 s in them (two runs of 100 probes at 1,000
     events/s: p99 1.02 and 0.89 s, max 1.06 and 1.55 s); at 19, p99 0.40 and 0.73 s, max
-    0.52 and 0.81 s, and its batches still took 3-6 s of each 10 s trigger. 0: the same
+    0.52 and 0.81 s, and its batches still took 3-6 s of each 10 s trigger. It starts at
+    the driver's priority and is niced once its query has caught up with the topic (its
+    JVM's start and its backlog would take minutes at +19 on a full machine). 0: the same
     priority."""
     stream_realtime_offline_stall_seconds: float = Field(default=300.0, ge=0)
-    """Real-time Mode: how long the Parquet sinks' process may go without a sign of progress
-    from its query (a batch's progress, or its idle report: every trigger at most, see
-    ``stream_realtime_offline_trigger_seconds``) before the driver gives it its own
-    priority, not ``stream_realtime_offline_nice``, for the rest of the run: in place where
-    it may lower a nice value (``CAP_SYS_NICE``), else by restarting it. On the slowest
-    machines seen, at 1,000 and 2,000 events/s, the niced process had not started its query
-    after 300 s, while Kafka's retention ran on (``pipelines.streaming.offline_process``).
-    Keep it several triggers long (and longer than a catch-up batch takes); 0: never."""
+    """Real-time Mode: how long the niced Parquet sinks' process may go without catching up
+    with the topic (a batch that read all there was, or an idle report: every trigger at
+    most, see ``stream_realtime_offline_trigger_seconds``) before the driver gives it its
+    own priority, not ``stream_realtime_offline_nice``, for the rest of the run: in place
+    where it may lower a nice value (``CAP_SYS_NICE``), else by restarting it. On the
+    slowest machines seen, at 1,000 and 2,000 events/s, a process niced from its start had
+    not started its query after 300 s, while Kafka's retention ran on
+    (``pipelines.streaming.offline_process``). Keep it several triggers long (and longer
+    than a catch-up batch takes); 0: never."""
     stream_realtime_user_cache_tiles: int = Field(default=600_000, ge=0)
     """Real-time Mode: user tiles the tile feed keeps decoded in memory (about 2 KB each),
     so a touched user is not read back from Redis. Size it for the users active in a

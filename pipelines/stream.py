@@ -672,7 +672,7 @@ def run_stream(settings: Settings, options: StreamOptions | None = None,
     if not options.online:  # Real-time Mode's Parquet sinks' process: its driver watches it
         from pipelines.streaming.offline_process import pulse_from_env
 
-        pulse = pulse_from_env()
+        pulse = pulse_from_env(settings.stream_trigger_seconds)
     listener = ProgressListener(recorder, on_event=pulse)
     spark.streams.addListener(listener)
     graceful = GracefulStop("stream")
@@ -794,13 +794,13 @@ def _wait_realtime(rtm: Any, sinks: Any, options: StreamOptions,
                 # an epoch ends (every stream_realtime_checkpoint_seconds); its freshness is
                 # in the feed's rt_ figures
                 recorder.heartbeat(None)
-            restarts = sinks.restarts
+            escalations = sinks.escalations
             try:
                 sinks_done = sinks.check()
             except RuntimeError as exc:  # the sinks' process failed: so does the job
                 raise StreamFailed(str(exc)) from exc
-            if sinks.restarts != restarts and recorder is not None:  # it had stalled
-                recorder.publish_sinks_restart(sinks.restart_why)
+            if sinks.escalations != escalations and recorder is not None:  # it had stalled
+                recorder.publish_sinks_escalation(sinks.escalation_why)
             if deadline is not None and time.monotonic() > deadline:
                 log.warning("stream: timeout after %.0f s, stopping", options.timeout_seconds)
                 why = "timeout"

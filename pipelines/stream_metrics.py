@@ -518,10 +518,10 @@ def stream_health(progress: Mapping[str, str], now: datetime,
                      f"{float(progress.get(f'{prefix}query_p99_s') or 0):.2f}, feed "
                      f"{float(progress.get(f'{prefix}feed_p99_s') or 0):.2f}; "
                      f"{_ago(rt_stamp, now)})")
-    restarted = _parse_time(progress.get("sinks_restarted"))
-    if restarted and (since is None or restarted >= since):
-        parts.append(f"Parquet sinks given the driver's priority {_ago(restarted, now)} "
-                     f"({progress.get('sinks_restart_why') or 'they had stalled'}: the cores "
+    escalated = _parse_time(progress.get("sinks_escalated"))
+    if escalated and (since is None or escalated >= since):
+        parts.append(f"Parquet sinks given the driver's priority {_ago(escalated, now)} "
+                     f"({progress.get('sinks_escalation_why') or 'they had stalled'}: the cores "
                      "are full, and the online path's freshness pays for the offline store's)")
     if progress.get("clock"):
         parts.append(f"features as of {progress['clock']}")
@@ -647,10 +647,10 @@ class MetricsRecorder:
         its state stays ``running`` with an old ``job_state_since`` and ``timestamp``."""
         self._hset({"job_state": state, "job_state_since": datetime.now(UTC).isoformat()})
 
-    def publish_sinks_restart(self, why: str) -> None:
+    def publish_sinks_escalation(self, why: str) -> None:
         """Real-time Mode's Parquet sinks' process was given the driver's priority after a
         stall (``pipelines.streaming.offline_process``): for ``shopstream status``."""
-        self._hset({"sinks_restarted": datetime.now(UTC).isoformat(), "sinks_restart_why": why})
+        self._hset({"sinks_escalated": datetime.now(UTC).isoformat(), "sinks_escalation_why": why})
 
     def heartbeat(self, caught_up: Callable[[], bool | None] | None = None) -> None:
         """Stamp ``job_heartbeat`` (and ``job_caught_up``: the last batch read all the input
@@ -730,12 +730,13 @@ class ProgressListener(_ListenerBase):  # type: ignore[misc,valid-type]
     """
 
     def __init__(self, recorder: MetricsRecorder, query_names: tuple[str, ...] | None = None,
-                 on_event: Callable[[], None] | None = None) -> None:
+                 on_event: Callable[[Mapping[str, Any] | None], None] | None = None) -> None:
         self.recorder = recorder
         self.query_names = query_names
         self.on_event = on_event
-        """Called on each progress or idle event: the query is alive and getting CPU
-        (Real-time Mode's Parquet sinks' pulse, ``pipelines.streaming.offline_process``)."""
+        """Called on each progress event with the progress, and on each idle event with
+        ``None``: the query is alive and getting CPU (Real-time Mode's Parquet sinks'
+        pulse, ``pipelines.streaming.offline_process``)."""
         self._terminated: set[str] = set()
         self._ended = threading.Condition()
 
@@ -766,17 +767,22 @@ class ProgressListener(_ListenerBase):  # type: ignore[misc,valid-type]
     def onQueryStarted(self, event: Any) -> None:
         log.debug("query started: %s (%s)", event.get("name"), event.get("id"))
 
-    def _pulse(self) -> None:
+    def _pulse(self, progress: Mapping[str, Any] | None) -> None:
         if self.on_event is not None:
             try:
-                self.on_event()
+                self.on_event(progress)
             except Exception:  # noqa: BLE001 - a listener must not break the query
                 log.exception("stream metrics: the event hook failed")
 
     def onQueryProgress(self, event: Any) -> None:
-        self._pulse()
         try:
             progress = json.loads(event)
+        except ValueError:
+            log.exception("stream metrics: a progress that is not JSON")
+            self._pulse({})
+            return
+        self._pulse(progress)
+        try:
             if self.query_names and progress.get("name") not in self.query_names:
                 return
             self.recorder.on_progress(progress)
@@ -784,7 +790,7 @@ class ProgressListener(_ListenerBase):  # type: ignore[misc,valid-type]
             log.exception("stream metrics: progress handling failed")
 
     def onQueryIdle(self, event: Any) -> None:
-        self._pulse()
+        self._pulse(None)
 
     def onQueryTerminated(self, event: Any) -> None:
         if event.get("exception"):

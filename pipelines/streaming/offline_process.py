@@ -27,19 +27,23 @@ request, once. A supervisor may restart the parent while it finishes that batch:
 sinks' process waits for it (:mod:`pipelines.checkpoint_lock`). Both queries keep their own
 checkpoints, so a restart of either resumes where it left off.
 
-On a machine the online path fills, the niced process gets next to nothing: the CFS
-weight of nice +19 is 15 against 1,024 at nice 0. On the slowest machine seen, at 2,000
-events/s, its JVM did not finish starting its query in 300 s (its heartbeater, run
-before its block manager had registered, logged Spark's ``NullPointerException ...
-"idWithoutTopologyInfo" is null``), so the offline store stopped at its last batch while
-Kafka's retention ran on. An unprivileged process can raise its nice value but never
-lower it again, so the driver watches the child instead: each event of its query
-(progress, or idle) touches a pulse file (:func:`pulse_from_env`); with none for
-``stream_realtime_offline_stall_seconds`` the driver gives it its own priority for the rest
-of the run (:meth:`OfflineSinksProcess.check`): in place, thread by thread, where it may
-lower a nice value (``CAP_SYS_NICE``: root, or a container granted it), which keeps the JVM
-it has warmed up; else by stopping it and starting it again. On such a machine the offline
-store then keeps up, and the online path's freshness pays for it.
+On a machine the online path fills, a niced process gets next to nothing: the CFS
+weight of nice +19 is 15 against 1,024 at nice 0. On the slowest machine seen, at 1,000
+and 2,000 events/s, a JVM started at nice +19 had not started its query after 300 s (its
+heartbeater, run before its block manager had registered, logged Spark's
+``NullPointerException ... "idWithoutTopologyInfo" is null``), so the offline store stood
+still while Kafka's retention ran on. So the process starts at the driver's priority: its
+JVM's start, its first batches' code compiled, and the backlog since the last run, take
+the CPU they need. Once its query has caught up with the topic (a batch read all there
+was, or it found nothing: each event of its query writes a pulse file that says which,
+:func:`pulse_from_env`), the driver nices every thread of it and of its JVM by
+``stream_realtime_offline_nice`` (:meth:`OfflineSinksProcess.check`); an unprivileged
+process may always raise the nice value of its own processes. Should the niced process
+then go ``stream_realtime_offline_stall_seconds`` without catching up, the driver gives
+it its own priority back for the rest of the run: in place where it may lower a nice value
+(``CAP_SYS_NICE``: root, or a container granted it), which keeps the JVM it has warmed
+up; else by stopping it and starting it again. On such a machine the offline store then
+keeps up, and the online path's freshness pays for it.
 """
 
 from __future__ import annotations
@@ -53,8 +57,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from pipelines.settings import Settings
 
@@ -81,7 +86,8 @@ class OfflineSinksFailed(RuntimeError):
 
 def lower_priority(settings: Settings) -> None:
     """Lower this process's CPU priority by ``stream_realtime_offline_nice`` (before Spark
-    starts: the JVM's threads inherit it)."""
+    starts: the JVM's threads inherit it): for a ``--offline-only`` started by hand. The
+    Real-time driver passes 0 and nices its child itself once caught up."""
     if settings.stream_realtime_offline_nice:
         os.nice(settings.stream_realtime_offline_nice)
 
@@ -108,24 +114,59 @@ def die_with_parent() -> None:
         raise SystemExit("the Real-time driver that started this process is gone")
 
 
-def pulse_from_env() -> Callable[[], None] | None:
-    """In the sinks' process, what its query's listener calls on each event: touch the pulse
-    file its driver watches (module docstring). ``None`` in any other process."""
+CAUGHT_UP = b"caught-up\n"
+"""A pulse's content when its query event found the query caught up with the topic."""
+BEHIND = b"behind\n"
+"""A pulse's content when the event's batch left input for later (``maxOffsetsPerTrigger``)."""
+
+
+def caught_up_within(progress: Mapping[str, Any] | None, trigger_seconds: float) -> bool:
+    """Whether a query event of the sinks' process shows it caught up with the topic: an
+    idle report (``None``), or a batch that read all there was (``caught_up_of``; a source
+    that does not say counts) in no longer than its trigger, so the next batch starts on
+    time. A first batch at the driver's priority took 51 s of a 30 s trigger on a full
+    machine, with 50,000 events come meanwhile: read all there was, and still behind."""
+    from pipelines.stream_metrics import caught_up_of
+
+    if progress is None:
+        return True
+    took_ms = float((progress.get("durationMs") or {}).get("triggerExecution") or 0)
+    return caught_up_of(progress) is not False and took_ms <= trigger_seconds * 1000
+
+
+def pulse_from_env(trigger_seconds: float) -> Callable[[Mapping[str, Any] | None], None] | None:
+    """In the sinks' process, what its query's listener calls on each event (its progress,
+    ``None`` when idle): write the pulse file its driver watches, saying whether the query
+    has caught up (:func:`caught_up_within`, module docstring). ``None`` in any other
+    process."""
     path = os.environ.get(PULSE_FILE_ENV)
     if not path:
         return None
     pulse = Path(path)
+    staged = pulse.with_name(pulse.name + ".tmp")
 
-    def touch() -> None:
-        with contextlib.suppress(OSError):  # the driver then restarts it: never fail the query
-            pulse.touch()
+    def beat(progress: Mapping[str, Any] | None) -> None:
+        caught_up = caught_up_within(progress, trigger_seconds)
+        with contextlib.suppress(OSError):  # the driver takes it for stalled: never fail the query
+            staged.write_bytes(CAUGHT_UP if caught_up else BEHIND)
+            os.replace(staged, pulse)  # whole: the driver never reads half a pulse
 
-    return touch
+    return beat
+
+
+def read_pulse(path: Path) -> tuple[float, bool] | None:
+    """The last pulse's time and whether it said caught up; ``None`` when there is none."""
+    try:
+        with path.open("rb") as pulse:
+            return os.fstat(pulse.fileno()).st_mtime, pulse.read() == CAUGHT_UP
+    except OSError:
+        return None
 
 
 def stalled_for(now: float, started: float, last_pulse: float | None) -> float:
-    """Seconds since the sinks' process last showed progress: since its last pulse, or
-    since its start when it has sent none since (an earlier process's pulse does not count)."""
+    """Seconds since the sinks' process last showed it had caught up: since that pulse, or
+    since ``started`` (its start, or when it was niced) when it has sent none since (an
+    earlier pulse does not count)."""
     last = started if last_pulse is None or last_pulse < started else last_pulse
     return max(now - last, 0.0)
 
@@ -160,15 +201,18 @@ class OfflineSinksProcess:
         self.stop_mode = stop
         self.idle_seconds = idle_seconds
         self.snapshots = snapshots
-        self.nice = settings.stream_realtime_offline_nice
-        """The child's nice value: the setting's, the driver's once a stall gave it that."""
-        self.restarts = 0
+        self.nice = self._driver_nice()
+        """The child's nice value now: the driver's until its query has caught up, then
+        ``stream_realtime_offline_nice`` more, the driver's again once a stall gave it that."""
+        self.escalations = 0
         """How often a stall gave it the driver's priority (in place, or by a restart)."""
-        self.restart_why = ""
+        self.escalation_why = ""
         """Why the last time: for ``shopstream status``."""
         self._proc: subprocess.Popen[bytes] | None = None
         self._stopping = False
         self._started_at = 0.0
+        self._yielded_at: float | None = None
+        self._caught_up_at: float | None = None
         self.pulse_path = settings.run_path / f"offline-sinks.{os.getpid()}.pulse"
 
     def _command(self) -> list[str]:
@@ -185,7 +229,7 @@ class OfflineSinksProcess:
     def _remove_dead_drivers_pulses(self) -> None:
         """A driver killed with SIGKILL leaves its pulse file behind: remove those whose
         driver is gone (the pid in the name)."""
-        for path in self.pulse_path.parent.glob("offline-sinks.*.pulse"):
+        for path in self.pulse_path.parent.glob("offline-sinks.*.pulse*"):
             try:
                 os.kill(int(path.name.split(".")[1]), 0)
             except ValueError:
@@ -200,9 +244,10 @@ class OfflineSinksProcess:
         from pipelines.stream import trigger_seconds_of
 
         trigger = trigger_seconds_of(self.settings, realtime=True)
+        # it starts at the driver's priority and is niced once caught up (_watch)
         env = self.settings.model_copy(update={
             "stream_mode": "microbatch", "stream_trigger_seconds": trigger,
-            "stream_realtime_offline_nice": self.nice}).child_env()
+            "stream_realtime_offline_nice": 0}).child_env()
         env[PARENT_PID_ENV] = str(os.getpid())
         self.pulse_path.parent.mkdir(parents=True, exist_ok=True)
         if self._proc is None:
@@ -210,13 +255,16 @@ class OfflineSinksProcess:
         env[PULSE_FILE_ENV] = str(self.pulse_path)
         self._stopping = False
         self._started_at = time.time()
+        self._yielded_at = self._caught_up_at = None
+        self.nice = self._driver_nice()
         # its own process group, so a Ctrl-C in the terminal reaches the parent only, which
         # stops it with one SIGTERM (a second signal would stop it mid-batch); but the
         # parent's session, or its nice value would not count (module docstring)
         self._proc = subprocess.Popen(self._command(), env=env, process_group=0)
-        log.info("Parquet sinks: process %d (shopstream stream --offline-only%s, nice +%d, "
-                 "trigger %ss)", self._proc.pid, " --realtime-snapshots" if self.snapshots else "",
-                 self.nice, trigger)
+        log.info("Parquet sinks: process %d (shopstream stream --offline-only%s, trigger %ss), "
+                 "at the driver's priority until it has caught up with the topic%s",
+                 self._proc.pid, " --realtime-snapshots" if self.snapshots else "", trigger,
+                 "" if self.escalations else f", then nice +{self._yield_nice()}")
 
     @property
     def returncode(self) -> int | None:
@@ -224,65 +272,95 @@ class OfflineSinksProcess:
 
     def check(self) -> bool:
         """True once the process has ended cleanly (by itself, or as :meth:`stop` asked);
-        raises :class:`OfflineSinksFailed` when it failed. While it runs, gives it the
-        driver's priority once it has stalled (module docstring)."""
+        raises :class:`OfflineSinksFailed` when it failed. While it runs, nices it once its
+        query has caught up, and gives it the driver's priority back once it has stalled
+        (module docstring)."""
         if self._proc is None:
             return False  # not started
         code = self.returncode
         if code is None:
-            self._restart_if_stalled()
+            self._watch()
             return False
         if code == 0 or (self._stopping and code in _STOPPED_EXITS):
             return True
         raise OfflineSinksFailed(f"the Parquet sinks' process (shopstream stream "
                                  f"--offline-only) exited with {code}; see its log above")
 
-    def _restart_if_stalled(self) -> None:
+    def _yield_nice(self) -> int:
+        """The nice value it runs at once caught up: ``stream_realtime_offline_nice`` above
+        the driver's."""
+        return min(self._driver_nice() + self.settings.stream_realtime_offline_nice, 19)
+
+    def _watch(self) -> None:
+        pulse = read_pulse(self.pulse_path)
+        if pulse is not None and pulse[1] and pulse[0] >= self._started_at:
+            self._caught_up_at = pulse[0]
+        if self._yielded_at is None:
+            if self._caught_up_at is not None and not self.escalations:
+                self._yield()
+            return
+        self._escalate_if_stalled()
+
+    def _yield(self) -> None:
+        """Its query has caught up, its JVM has started and compiled its hot code: from now on
+        it takes only the cycles the online path leaves."""
+        self._yielded_at = time.time()
+        target = self._yield_nice()
+        if target <= self.nice:
+            return
+        pid = self._proc.pid if self._proc else 0
+        if not self._set_priority(target):
+            log.warning("Parquet sinks: process %d caught up, but may not be niced (+%d): it "
+                        "keeps the driver's priority", pid, target)
+            return
+        log.info("Parquet sinks: process %d caught up with the topic %.0f s after its start; "
+                 "now at nice +%d, yielding the cores to the online path", pid,
+                 self._yielded_at - self._started_at, target)
+        self.nice = target
+
+    def _escalate_if_stalled(self) -> None:
         bound = self.settings.stream_realtime_offline_stall_seconds
         if not bound or self.nice <= self._driver_nice():
             return
-        try:
-            pulse: float | None = self.pulse_path.stat().st_mtime
-        except OSError:
-            pulse = None
-        stalled = stalled_for(time.time(), self._started_at, pulse)
+        assert self._yielded_at is not None
+        stalled = stalled_for(time.time(), self._yielded_at, self._caught_up_at)
         if stalled <= bound:
             return
         pid = self._proc.pid if self._proc else 0
-        self.restart_why = f"no progress for {stalled:.0f} s at nice +{self.nice}"
-        self.restarts += 1
-        if self._raise_priority():
-            log.warning("Parquet sinks: process %d at nice +%d showed no progress for %.0f s "
-                        "(SHOPSTREAM_STREAM_REALTIME_OFFLINE_STALL_SECONDS): the cores are "
-                        "full. Its threads now run at the driver's priority (nice +%d) for the "
-                        "rest of this run; the offline store keeps up, and the online path's "
-                        "freshness pays for it", pid, self.nice, stalled, self._driver_nice())
+        self.escalation_why = f"not caught up for {stalled:.0f} s at nice +{self.nice}"
+        self.escalations += 1
+        if self._set_priority(self._driver_nice()):
+            log.warning("Parquet sinks: process %d at nice +%d has not caught up with the topic "
+                        "for %.0f s (SHOPSTREAM_STREAM_REALTIME_OFFLINE_STALL_SECONDS): the "
+                        "cores are full. Its threads now run at the driver's priority (nice "
+                        "+%d) for the rest of this run; the offline store keeps up, and the "
+                        "online path's freshness pays for it", pid, self.nice, stalled,
+                        self._driver_nice())
             self.nice = self._driver_nice()
             return
-        log.warning("Parquet sinks: process %d at nice +%d showed no progress for %.0f s "
-                    "(SHOPSTREAM_STREAM_REALTIME_OFFLINE_STALL_SECONDS): the cores are full, "
-                    "and this process may not lower a nice value. Restarting it at the "
-                    "driver's priority for the rest of this run; the offline store keeps up, "
-                    "and the online path's freshness pays for it", pid, self.nice, stalled)
+        log.warning("Parquet sinks: process %d at nice +%d has not caught up with the topic "
+                    "for %.0f s (SHOPSTREAM_STREAM_REALTIME_OFFLINE_STALL_SECONDS): the cores "
+                    "are full, and this process may not lower a nice value. Restarting it at "
+                    "the driver's priority for the rest of this run; the offline store keeps "
+                    "up, and the online path's freshness pays for it", pid, self.nice, stalled)
         self.stop(0.0)
         code = self.returncode
         if code not in _STOPPED_EXITS:
             self.check()  # it failed on its own meanwhile: say so
-        self.nice = self._driver_nice()
         self.start()
 
     @staticmethod
     def _driver_nice() -> int:
         return os.getpriority(os.PRIO_PROCESS, 0)
 
-    def _raise_priority(self) -> bool:
-        """Give every thread of the child and of its descendants (its JVM) the driver's nice
-        value, in place, keeping its warmed-up JVM. Lowering a nice value takes the
-        ``CAP_SYS_NICE`` capability (or a ``RLIMIT_NICE`` that allows it): False without it,
-        or where there is no ``/proc``."""
+    def _set_priority(self, target: int) -> bool:
+        """Set every thread of the child and of its descendants (its JVM, its Python workers)
+        to nice ``target``, in place: threads they start later inherit it. Raising a nice
+        value is always allowed for one's own processes; lowering one takes the
+        ``CAP_SYS_NICE`` capability (or a ``RLIMIT_NICE`` that allows it): False without
+        it, or where there is no ``/proc``."""
         if self._proc is None or not Path("/proc/self/task").is_dir():
             return False
-        target = self._driver_nice()
         try:
             for _ in range(2):  # a thread started during the first pass is caught by the second
                 for pid in (self._proc.pid, *descendants(self._proc.pid)):
@@ -303,8 +381,9 @@ class OfflineSinksProcess:
         try:
             self._stop(grace_seconds)
         finally:
-            with contextlib.suppress(OSError):
-                self.pulse_path.unlink()
+            for path in (self.pulse_path, self.pulse_path.with_name(self.pulse_path.name + ".tmp")):
+                with contextlib.suppress(OSError):
+                    path.unlink()
 
     def _stop(self, grace_seconds: float) -> None:
         proc = self._proc

@@ -10,6 +10,7 @@ query for the Parquet sinks + Real-time query for Redis) on the data set of
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -771,14 +772,17 @@ def _autogroup(pid: int) -> str | None:
     return fields[0] if fields else None
 
 
-def _nice_of(pid: int, timeout_s: float = 30.0) -> int:
-    """Its nice value once it has lowered it (it does so first thing, before Spark starts)."""
-    deadline = time.monotonic() + timeout_s
-    nice = os.getpriority(os.PRIO_PROCESS, pid)
-    while nice == 0 and time.monotonic() < deadline:
-        time.sleep(0.5)
-        nice = os.getpriority(os.PRIO_PROCESS, pid)
-    return nice
+def _threads_nice(pid: int) -> set[int]:
+    """The nice values of every thread of ``pid`` and of the processes under it (its JVM)."""
+    from pipelines.streaming.offline_process import descendants
+
+    found = set()
+    for process in (pid, *descendants(pid)):
+        with contextlib.suppress(FileNotFoundError):
+            for tid in os.listdir(f"/proc/{process}/task"):
+                with contextlib.suppress(ProcessLookupError):
+                    found.add(os.getpriority(os.PRIO_PROCESS, int(tid)))
+    return found
 
 
 def _realtime_settings(make_settings: Callable[..., Settings], tmp_path: Path,
@@ -824,10 +828,10 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
                 assert job.poll() is None, log_path.read_text()[-3000:]
                 assert time.monotonic() < deadline, "the feed wrote nothing within 600 s"
                 time.sleep(0.2)
-            # the Parquet sinks' query runs as a process of its own, at a lower CPU priority
+            # the Parquet sinks' query runs as a process of its own (at a lower CPU priority
+            # once caught up: below)
             sinks = _sinks_process(log_path)
             assert sinks is not None, log_path.read_text()[-3000:]
-            assert _nice_of(sinks) == settings.stream_realtime_offline_nice > 0
             # the Real-time query's driver collects with G1 (short pauses), the sinks' with
             # Parallel (throughput; Settings.spark_gc)
             assert "-XX:+UseG1GC" in _jvm_of(job.pid).split()
@@ -854,12 +858,21 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
             verdict = stream_health(read_progress(settings, client=redis_client), datetime.now(UTC))
             assert verdict.state == "running", verdict
             # each event of the sinks' query (a batch, an idle trigger) touches the pulse its
-            # driver watches, or the driver would take it for stalled and restart it
+            # driver watches, or the driver would take it for stalled
             pulse = settings.run_path / f"offline-sinks.{job.pid}.pulse"
             pulse_deadline = time.monotonic() + 300
             while not pulse.exists():
                 assert job.poll() is None, log_path.read_text()[-3000:]
                 assert time.monotonic() < pulse_deadline, "the sinks' query sent no pulse in 300 s"
+                time.sleep(0.2)
+            # started at the driver's priority; once its query has caught up, the driver nices
+            # every thread of it and of its JVM
+            niced = settings.stream_realtime_offline_nice
+            assert niced > 0
+            while _threads_nice(sinks) != {niced}:
+                assert job.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < pulse_deadline, (
+                    f"the sinks' threads at nice {_threads_nice(sinks)}, not +{niced}")
                 time.sleep(0.2)
             produce(settings, first[300:])
             assert job.wait(timeout=900) == 0, log_path.read_text()[-3000:]
@@ -875,7 +888,10 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
     # the stop lands mid-epoch: one line says so, none of Spark's per-task abort traces
     assert "stopping mid-epoch" in logged
     assert not pulse.exists(), "the driver leaves its sinks' pulse file behind"
-    assert "showed no progress" not in logged  # the sinks kept their lower priority
+    # started at the driver's priority, niced once caught up, and kept there
+    assert ("caught up with the topic" in logged
+            and f"now at nice +{settings.stream_realtime_offline_nice}" in logged), logged[-3000:]
+    assert "has not caught up with the topic for" not in logged
     noise = [line for line in log_path.read_text().splitlines()
              if " ERROR " in line and any(line.split(" ERROR ")[1].startswith(name.rsplit(".", 1)[1])
                                           for name in STOP_NOISE_LOGGERS)]

@@ -377,19 +377,19 @@ def test_realtime_figures_of_an_earlier_run_are_not_shown() -> None:
             in stream_health(_running(now, **rt, **slower_first), now).message)
 
 
-def test_status_tells_of_parquet_sinks_restarted_after_a_stall_in_this_run_only() -> None:
+def test_status_tells_of_parquet_sinks_given_priority_after_a_stall_in_this_run_only() -> None:
     from datetime import UTC, timedelta
 
     from pipelines.stream_metrics import stream_health
 
     now = datetime(2026, 11, 27, 20, 0, tzinfo=UTC)
-    restart = {"sinks_restarted": (now - timedelta(minutes=4)).isoformat(),
-               "sinks_restart_why": "no progress for 301 s at nice +19"}
-    shown = stream_health(_running(now, mode="realtime", **restart), now)
+    escalated = {"sinks_escalated": (now - timedelta(minutes=4)).isoformat(),
+               "sinks_escalation_why": "no progress for 301 s at nice +19"}
+    shown = stream_health(_running(now, mode="realtime", **escalated), now)
     assert shown.state == "running" and shown.healthy  # nothing is lost: it keeps up again
     assert ("Parquet sinks given the driver's priority 4 min ago (no progress for 301 s "
             "at nice +19: the cores are full" in shown.message)
-    earlier = {**restart, "sinks_restarted": (now - timedelta(hours=1)).isoformat()}
+    earlier = {**escalated, "sinks_escalated": (now - timedelta(hours=1)).isoformat()}
     assert "Parquet sinks" not in stream_health(_running(now, **earlier), now).message
 
 
@@ -469,3 +469,20 @@ def test_the_listener_tells_when_a_querys_end_has_reached_it(settings: Settings)
     timer.start()
     assert listener.wait_terminated("q-1", timeout=5.0) is True
     timer.join()
+
+
+def test_the_listener_pulses_on_each_event_with_its_progress(settings: Settings) -> None:
+    """Real-time Mode's Parquet sinks' process: its driver nices it once caught up, and gives
+    it its priority back when it goes too long without (pipelines.streaming.offline_process)."""
+    import json
+
+    from pipelines.stream_metrics import ProgressListener
+
+    beats: list[Any] = []
+    listener = ProgressListener(MetricsRecorder(settings, _client=DownRedis()), on_event=beats.append)
+    progress = {"id": "q", "name": "shopstream-events", "batchId": 3, "numInputRows": 0,
+                "sources": [{"description": "KafkaV2[Subscribe[t]]", "endOffset": '{"t":{"0":500}}',
+                             "latestOffset": '{"t":{"0":900}}'}]}
+    listener.onQueryProgress(json.dumps(progress))
+    listener.onQueryIdle({"id": "q"})
+    assert beats == [progress, None]
