@@ -874,8 +874,9 @@ def main(argv: list[str] | None = None) -> BenchResult:
                 result.notes.append(
                     f"{label}: the Parquet sinks' process caught up after "
                     f"{fresh['sinks_caught_up_s']:.0f} s"
-                    + (f" (at the driver's priority; its driver niced it "
-                       f"{fresh['sinks_niced_after_s']} s after its start)"
+                    + (f" (started at the driver's priority, its driver niced it "
+                       f"{fresh['sinks_niced_after_s']} s after its start, once its query "
+                       "had caught up)"
                        if fresh["sinks_niced_after_s"] is not None else "")
                     + (f", after its driver gave it its own priority "
                        f"({fresh['sinks_escalations']}x: not caught up at nice "

@@ -821,7 +821,7 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
     log_path = tmp_path / "stream.log"
     with open(log_path, "ab") as log:
         job = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "stream", "--until-idle",
-                                "12"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+                                "30"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 600
             while not redis_client.exists(boundary):
@@ -865,8 +865,10 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
                 assert job.poll() is None, log_path.read_text()[-3000:]
                 assert time.monotonic() < pulse_deadline, "the sinks' query sent no pulse in 300 s"
                 time.sleep(0.2)
-            # started at the driver's priority; once its query has caught up, the driver nices
-            # every thread of it and of its JVM
+            produce(settings, first[300:])
+            # started at the driver's priority; once its query has caught up (a batch within
+            # its trigger, or an idle report: Spark's first comes 10 s after the last batch,
+            # within the 30 s of --until-idle), the driver nices every thread of it and its JVM
             niced = settings.stream_realtime_offline_nice
             assert niced > 0
             while _threads_nice(sinks) != {niced}:
@@ -874,7 +876,6 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
                 assert time.monotonic() < pulse_deadline, (
                     f"the sinks' threads at nice {_threads_nice(sinks)}, not +{niced}")
                 time.sleep(0.2)
-            produce(settings, first[300:])
             assert job.wait(timeout=900) == 0, log_path.read_text()[-3000:]
         finally:
             if job.poll() is None:
