@@ -223,14 +223,14 @@ class Settings(BaseSettings):
     priority."""
     stream_realtime_offline_stall_seconds: float = Field(default=300.0, ge=0)
     """Real-time Mode: how long the niced Parquet sinks' process may go without catching up
-    with the topic (a batch that read all there was, or an idle report: every trigger at
-    most, see ``stream_realtime_offline_trigger_seconds``) before the driver gives it its
-    own priority, not ``stream_realtime_offline_nice``, for the rest of the run: in place
-    where it may lower a nice value (``CAP_SYS_NICE``), else by restarting it. On the
-    slowest machines seen, at 1,000 and 2,000 events/s, a process niced from its start had
-    not started its query after 300 s, while Kafka's retention ran on
-    (``pipelines.streaming.offline_process``). Keep it several triggers long (and longer
-    than a catch-up batch takes); 0: never."""
+    with the topic (a batch that read all there was in no longer than its trigger, or an
+    idle report: every trigger at most, see ``stream_realtime_offline_trigger_seconds``)
+    before the driver gives it its own priority, not ``stream_realtime_offline_nice``, for
+    the rest of the run: in place where it may lower a nice value (``CAP_SYS_NICE``), else
+    by restarting it. On the slowest machines seen, at 1,000 and 2,000 events/s, a process
+    niced from its start had not started its query after 300 s, while Kafka's retention
+    ran on (``pipelines.streaming.offline_process``). Keep it several triggers long (and
+    longer than a catch-up batch takes); 0: never."""
     stream_realtime_user_cache_tiles: int = Field(default=600_000, ge=0)
     """Real-time Mode: user tiles the tile feed keeps decoded in memory (about 2 KB each),
     so a touched user is not read back from Redis. Size it for the users active in a

@@ -35,7 +35,7 @@ heartbeater, run before its block manager had registered, logged Spark's
 still while Kafka's retention ran on. So the process starts at the driver's priority: its
 JVM's start, its first batches' code compiled, and the backlog since the last run, take
 the CPU they need. Once its query has caught up with the topic (a batch read all there
-was, or it found nothing: each event of its query writes a pulse file that says which,
+was in no longer than its trigger, or it found nothing: each event of its query writes a pulse file that says which,
 :func:`pulse_from_env`), the driver nices every thread of it and of its JVM by
 ``stream_realtime_offline_nice`` (:meth:`OfflineSinksProcess.check`); an unprivileged
 process may always raise the nice value of its own processes. Should the niced process
