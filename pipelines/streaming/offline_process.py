@@ -134,6 +134,11 @@ def caught_up_within(progress: Mapping[str, Any] | None, trigger_seconds: float)
     return caught_up_of(progress) is not False and took_ms <= trigger_seconds * 1000
 
 
+def staged_pulse(pulse: Path) -> Path:
+    """Where a pulse is written before it is renamed into place, whole."""
+    return pulse.with_name(pulse.name + ".tmp")
+
+
 def pulse_from_env(trigger_seconds: float) -> Callable[[Mapping[str, Any] | None], None] | None:
     """In the sinks' process, what its query's listener calls on each event (its progress,
     ``None`` when idle): write the pulse file its driver watches, saying whether the query
@@ -143,7 +148,7 @@ def pulse_from_env(trigger_seconds: float) -> Callable[[Mapping[str, Any] | None
     if not path:
         return None
     pulse = Path(path)
-    staged = pulse.with_name(pulse.name + ".tmp")
+    staged = staged_pulse(pulse)
 
     def beat(progress: Mapping[str, Any] | None) -> None:
         caught_up = caught_up_within(progress, trigger_seconds)
@@ -292,11 +297,13 @@ class OfflineSinksProcess:
         return min(self._driver_nice() + self.settings.stream_realtime_offline_nice, 19)
 
     def _watch(self) -> None:
+        if self.escalations:
+            return  # at the driver's priority for the rest of this run: nothing more to decide
         pulse = read_pulse(self.pulse_path)
         if pulse is not None and pulse[1] and pulse[0] >= self._started_at:
             self._caught_up_at = pulse[0]
         if self._yielded_at is None:
-            if self._caught_up_at is not None and not self.escalations:
+            if self._caught_up_at is not None:
                 self._yield()
             return
         self._escalate_if_stalled()
@@ -310,8 +317,9 @@ class OfflineSinksProcess:
             return
         pid = self._proc.pid if self._proc else 0
         if not self._set_priority(target):
-            log.warning("Parquet sinks: process %d caught up, but may not be niced (+%d): it "
-                        "keeps the driver's priority", pid, target)
+            log.warning("Parquet sinks: process %d caught up, but not all its threads may be "
+                        "niced (+%d): it counts as at the driver's priority, and no stall "
+                        "bound runs", pid, target)
             return
         log.info("Parquet sinks: process %d caught up with the topic %.0f s after its start; "
                  "now at nice +%d, yielding the cores to the online path", pid,
@@ -356,24 +364,36 @@ class OfflineSinksProcess:
     def _set_priority(self, target: int) -> bool:
         """Set every thread of the child and of its descendants (its JVM, its Python workers)
         to nice ``target``, in place: threads they start later inherit it. Raising a nice
-        value is always allowed for one's own processes; lowering one takes the
-        ``CAP_SYS_NICE`` capability (or a ``RLIMIT_NICE`` that allows it): False without
-        it, or where there is no ``/proc``."""
+        value is always allowed for one's own threads; lowering one takes the
+        ``CAP_SYS_NICE`` capability (or a ``RLIMIT_NICE`` that allows it). True when every
+        thread was set; False when some were refused (logged when others were set, so the
+        log never says "the driver's priority" of a process half niced), or where there is
+        no ``/proc``."""
         if self._proc is None or not Path("/proc/self/task").is_dir():
             return False
-        try:
-            for _ in range(2):  # a thread started during the first pass is caught by the second
-                for pid in (self._proc.pid, *descendants(self._proc.pid)):
+        done: set[int] = set()
+        refused: set[int] = set()
+        for _ in range(2):  # a thread started during the first pass is caught by the second
+            for pid in (self._proc.pid, *descendants(self._proc.pid)):
+                try:
+                    tids = os.listdir(f"/proc/{pid}/task")
+                except FileNotFoundError:
+                    continue
+                for tid in map(int, tids):
                     try:
-                        tids = os.listdir(f"/proc/{pid}/task")
-                    except FileNotFoundError:
+                        os.setpriority(os.PRIO_PROCESS, tid, target)
+                        done.add(tid)
+                    except ProcessLookupError:
                         continue
-                    for tid in tids:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.setpriority(os.PRIO_PROCESS, int(tid), target)
-        except PermissionError:
-            return False
-        return True
+                    except PermissionError:
+                        refused.add(tid)
+        done -= refused
+        if refused and done:
+            log.warning("Parquet sinks: %d of the %d threads of process %d and its children "
+                        "are now at nice %+d; the other %d may not be (not this user's, or no "
+                        "CAP_SYS_NICE)", len(done), len(done) + len(refused), self._proc.pid,
+                        target, len(refused))
+        return not refused
 
     def stop(self, grace_seconds: float) -> None:
         """SIGTERM (it finishes its running micro-batch), then SIGKILL after ``grace_seconds``
@@ -381,7 +401,7 @@ class OfflineSinksProcess:
         try:
             self._stop(grace_seconds)
         finally:
-            for path in (self.pulse_path, self.pulse_path.with_name(self.pulse_path.name + ".tmp")):
+            for path in (self.pulse_path, staged_pulse(self.pulse_path)):
                 with contextlib.suppress(OSError):
                     path.unlink()
 

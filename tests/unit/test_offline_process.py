@@ -265,6 +265,38 @@ def test_a_sinks_process_that_has_not_caught_up_keeps_the_drivers_priority(
     assert sinks.check() is True  # the stop's exit 130 is not a failure
 
 
+def test_a_sinks_process_partly_refused_its_nice_counts_as_at_the_drivers_priority(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread that is not this user's refuses a higher nice value (the OS says
+    ``EPERM``): the log says how many threads were niced, and the process is not taken
+    for niced, so no stall bound runs against it."""
+    caplog.set_level(logging.INFO, logger="pipelines.streaming.offline_process")
+    sinks = _StandIn(_settings(tmp_path), "pulse")
+    setpriority = os.setpriority
+
+    def refuse_the_main_thread(which: int, who: int, prio: int) -> None:
+        if sinks.pids and who == sinks.pids[0]:
+            raise PermissionError(1, "Operation not permitted")
+        setpriority(which, who, prio)
+
+    monkeypatch.setattr(os, "setpriority", refuse_the_main_thread)
+    driver = os.getpriority(os.PRIO_PROCESS, 0)
+    sinks.start()
+    try:
+        pid = sinks.pids[0]
+        _run_checks(sinks, 30.0, until=lambda: "counts as at the driver's priority" in caplog.text)
+        threads = {int(tid): os.getpriority(os.PRIO_PROCESS, int(tid))
+                   for tid in os.listdir(f"/proc/{pid}/task")}
+        assert threads.pop(pid) == driver and set(threads.values()) == {NICED}
+        assert f"{len(threads)} of the {len(threads) + 1} threads of process {pid}" in caplog.text
+        assert "the other 1 may not be" in caplog.text
+        assert "now at nice +19, yielding" not in caplog.text and sinks.nice == driver
+        _run_checks(sinks, 4.0)  # twice the stall bound: none runs
+        assert sinks.escalations == 0 and sinks.pids == [pid]
+    finally:
+        sinks.stop(0.0)
+
+
 def _stalling(kind: type[_StandIn], tmp_path: Path) -> _StandIn:
     """A stand-in that catches up once and never again, started with a 2 s stall bound:
     niced, then checked for 4 s, long enough for its driver to give it its own priority."""
