@@ -135,8 +135,9 @@ def infra_jars() -> None:
 
 def _print_status(status: dict[str, dict[str, object]]) -> None:
     table = Table(title="shopstream infrastructure")
-    for col in ("component", "healthy", "address", "pid", "details"):
+    for col in ("component", "healthy", "address", "pid"):
         table.add_column(col)
+    table.add_column("details", overflow="fold")  # an error's setting name whole
     for name, info in status.items():
         details = {k: v for k, v in info.items() if k not in ("healthy", "address", "pid")}
         if "topics" in details:
@@ -255,6 +256,12 @@ def stream(
     elif realtime_snapshots:
         raise UserError("--realtime-snapshots goes with --offline-only (Real-time Mode's Parquet "
                         "sinks' process)")
+    from pipelines.connections import servers_unreachable
+
+    # before Spark starts: Spark's Kafka source would retry for minutes, a stack trace a
+    # minute. Once running, the job rides out outages (SHOPSTREAM_STREAM_REDIS_OUTAGE_SECONDS)
+    if problems := servers_unreachable(settings):
+        raise UserError("; ".join(problems))
     from pipelines.checkpoint_lock import CheckpointBusy, checkpoint_lock
     from pipelines.stream import query_checkpoint
 
@@ -587,7 +594,7 @@ def status() -> None:
     settings = load_settings()
     health = infra.status(settings)
     _print_status(health)
-    progress = read_progress(settings)
+    progress = read_progress(settings, redis_up=bool(health["redis"].get("healthy")))
     verdict = stream_health(progress, datetime.now(UTC))
     colour = {"running": "green", "failed": "red", "silent": "red"}.get(verdict.state, "yellow")
     out.print(f"[bold]streaming job:[/bold] [{colour}]{escape(verdict.message)}[/{colour}]")

@@ -7,13 +7,15 @@ SASL), so the stream, the training job and the API connect the same way.
 from __future__ import annotations
 
 import logging
+import socket
 from typing import Any
 
 import redis
 
 from pipelines.settings import Settings
 
-__all__ = ["redis_client", "redis_kwargs", "redis_pool_kwargs", "kafka_producer", "kafka_admin", "kafka_consumer"]
+__all__ = ["redis_client", "redis_kwargs", "redis_pool_kwargs", "kafka_producer", "kafka_admin",
+           "kafka_consumer", "kafka_unreachable", "redis_unreachable", "servers_unreachable"]
 
 
 def redis_kwargs(settings: Settings, *, timeout_ms: int | None = None) -> dict[str, Any]:
@@ -64,6 +66,77 @@ def redis_client(settings: Settings, *, timeout_ms: int | None = None, **overrid
     kwargs = redis_kwargs(settings, timeout_ms=timeout_ms)
     kwargs.update(overrides)
     return redis.Redis(**kwargs)
+
+
+REACH_TIMEOUT_S = 3.0
+"""How long a reachability check waits for a server to accept a connection."""
+
+
+def kafka_unreachable(settings: Settings, timeout_s: float = REACH_TIMEOUT_S) -> str | None:
+    """Why no Kafka bootstrap server accepts a TCP connection (one line naming the
+    addresses and the setting), or ``None`` when one does.
+
+    A refused connection answers at once, where kafka-python's bootstrap backs off for up
+    to 30 s and logs each attempt (``shopstream status`` took 47 s and printed some 40 lines
+    before its table), and Spark's Kafka source retries for minutes with a stack trace a
+    minute. A server that accepts the connection may still fail later (TLS, SASL): the
+    clients report that themselves.
+    """
+    reasons = []
+    for host, port in settings.kafka_bootstrap:
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                return None
+        except OSError as exc:
+            reasons.append(f"{host}:{port} ({_reason(exc)})")
+    return (f"cannot reach Kafka at {', '.join(reasons)}: start it with `shopstream infra up` "
+            "or set SHOPSTREAM_KAFKA_BOOTSTRAP_SERVERS")
+
+
+def redis_unreachable(settings: Settings, timeout_s: float = REACH_TIMEOUT_S) -> str | None:
+    """Why Redis does not answer a ``PING`` with the job's options (AUTH, TLS), in one line
+    naming the address and the settings, or ``None`` when it does. The password is never
+    part of it."""
+    host, port = settings.redis_address
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    # one try: redis-py's default retries with backoff took 11 s to give up on a refusal
+    client = redis.Redis(**{**redis_kwargs(settings, timeout_ms=int(timeout_s * 1000)),
+                            "socket_connect_timeout": timeout_s,
+                            "retry": Retry(NoBackoff(), 0)})
+    try:
+        client.ping()
+        return None
+    except (redis.AuthenticationError, redis.ResponseError) as exc:
+        return (f"Redis at {host}:{port} refused the login ({_reason(exc)}): check "
+                "SHOPSTREAM_REDIS_USERNAME and SHOPSTREAM_REDIS_PASSWORD")
+    except (redis.RedisError, OSError) as exc:
+        return (f"cannot reach Redis at {host}:{port} ({_reason(exc)}): start it with "
+                "`shopstream infra up` or set SHOPSTREAM_REDIS_URL")
+    finally:
+        client.close()
+
+
+def servers_unreachable(settings: Settings, *, redis_too: bool = True) -> list[str]:
+    """What :func:`kafka_unreachable` and :func:`redis_unreachable` say, of those that fail."""
+    checks = [kafka_unreachable(settings)] + ([redis_unreachable(settings)] if redis_too else [])
+    return [problem for problem in checks if problem]
+
+
+def _reason(exc: BaseException) -> str:
+    """An OS or client error in a few words: "connection refused", "timed out"."""
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(exc, redis.ConnectionError) and isinstance(cause, OSError):
+        exc = cause  # redis-py wraps the socket's error in a sentence of its own
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, TimeoutError | socket.timeout | redis.TimeoutError):
+        return "timed out"
+    if isinstance(exc, socket.gaierror):
+        return "unknown host"
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text.rstrip(".")
 
 
 class _SlowLoopStep(logging.Filter):

@@ -42,7 +42,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from pipelines.connections import kafka_producer
+from pipelines.connections import kafka_producer, kafka_unreachable
 from pipelines.settings import Settings
 from pipelines.signals import GracefulStop
 
@@ -175,6 +175,8 @@ class KafkaSink:
     def __init__(self, settings: Settings, topic: str | None = None) -> None:
         self.topic = topic or settings.kafka_topic_events
         self.description = f"Kafka topic {self.topic} at {settings.kafka_bootstrap_servers}"
+        if (problem := kafka_unreachable(settings)) is not None:
+            raise DeliveryError(problem)  # at once, without kafka-python's bootstrap retries
         try:
             self._producer = kafka_producer(
                 settings, partitioner=_CachingPartitioner(), max_block_ms=10_000, bootstrap_timeout_ms=10_000

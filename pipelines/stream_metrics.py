@@ -373,9 +373,13 @@ def prometheus_text(m: BatchMetrics, totals: Totals, heartbeat: datetime | None 
     return "\n".join(lines) + "\n"
 
 
-def read_progress(settings: Settings, client: Any | None = None) -> dict[str, str]:
-    """The latest published figures: from Redis, else from the JSON file; ``{}`` if none."""
+def read_progress(settings: Settings, client: Any | None = None, *,
+                  redis_up: bool = True) -> dict[str, str]:
+    """The latest published figures: from Redis (unless known to be down: its client's
+    retries take seconds), else from the JSON file; ``{}`` if none."""
     try:
+        if not redis_up:
+            raise ConnectionError("Redis is down")
         if client is None:
             from pipelines.connections import redis_client
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipelines.connections import kafka_admin
+from pipelines.connections import kafka_admin, kafka_unreachable
 from pipelines.infra.jars import kafka_broker_jars
 from pipelines.infra.process import ManagedProcess, wait_until
 from pipelines.settings import Settings
@@ -190,6 +190,8 @@ class KafkaBroker:
 
     def status(self) -> dict[str, Any]:
         info: dict[str, Any] = {"address": self.address, "pid": self.process.pid}
+        if (problem := kafka_unreachable(self.settings)) is not None:
+            return {**info, "healthy": False, "error": problem}
         try:
             topics = topic_message_counts(self.settings)
             info.update(healthy=True, topics=topics)

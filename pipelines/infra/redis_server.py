@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from pipelines.connections import redis_client
+from pipelines.connections import redis_client, redis_unreachable
 from pipelines.infra.process import ManagedProcess, wait_until
 from pipelines.settings import Settings
 
@@ -114,6 +114,8 @@ class RedisServer:
 
     def status(self) -> dict[str, Any]:
         info: dict[str, Any] = {"address": self.address, "pid": self.process.pid}
+        if (problem := redis_unreachable(self.settings)) is not None:
+            return {**info, "healthy": False, "error": problem}  # at once, not after retries
         try:
             client = redis_client(self.settings, timeout_ms=1000)
             info.update(

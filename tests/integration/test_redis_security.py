@@ -76,3 +76,26 @@ def test_redis_acl_user_only(make_settings: Callable[..., Settings], tmp_path: P
         assert oct(conf.stat().st_mode & 0o777) == "0o600"
     finally:
         server.stop()
+
+
+def test_a_wrong_redis_password_is_named_at_once_without_the_password(
+        make_settings: Callable[..., Settings], tmp_path: Path) -> None:
+    """What ``shopstream stream`` and ``shopstream status`` say before anything else runs."""
+    from pipelines.connections import redis_unreachable
+
+    port = free_port()
+    settings = make_settings(redis_url=f"redis://127.0.0.1:{port}/0", redis_password="right-pw-789",
+                             run_dir=str(tmp_path / "run"))
+    server = RedisServer(settings)
+    server.start()
+    try:
+        assert redis_unreachable(settings) is None
+        wrong = make_settings(redis_url=f"redis://127.0.0.1:{port}/0", redis_password="wrong-pw-789",
+                              run_dir=str(tmp_path / "run"))
+        problem = redis_unreachable(wrong)
+        assert problem is not None and problem.startswith(f"Redis at 127.0.0.1:{port} refused the login")
+        assert "SHOPSTREAM_REDIS_PASSWORD" in problem and "wrong-pw-789" not in problem
+        status = RedisServer(wrong).status()
+        assert status["healthy"] is False and status["error"] == problem
+    finally:
+        server.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -69,3 +70,43 @@ def test_py4j_interrupt_traceback_is_not_logged_other_tracebacks_are() -> None:
     shown = result.stdout + result.stderr
     assert "KeyboardInterrupt while sending command" not in shown
     assert "a KeyboardInterrupt of our own" in shown and "Traceback" in shown
+
+
+def _unreachable_env() -> dict[str, str]:
+    """Kafka and Redis settings that point at ports nobody listens on."""
+    from tests.conftest import free_port
+
+    return {"SHOPSTREAM_KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
+            "SHOPSTREAM_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+
+
+def test_stream_with_its_servers_down_is_one_line_naming_them_before_spark_starts(
+        tmp_path: Path) -> None:
+    """Without the check, Spark started, then its Kafka source retried for minutes with a
+    40-line stack trace a minute."""
+    env = {**_unreachable_env(), "SHOPSTREAM_DATA_DIR": str(tmp_path)}
+    result = _run("stream", "--available-now", env=env)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    kafka = env["SHOPSTREAM_KAFKA_BOOTSTRAP_SERVERS"]
+    redis_port = env["SHOPSTREAM_REDIS_URL"].rsplit(":", 1)[1].split("/")[0]
+    assert f"cannot reach Kafka at {kafka} (connection refused)" in lines[0]
+    assert "SHOPSTREAM_KAFKA_BOOTSTRAP_SERVERS" in lines[0]
+    assert f"cannot reach Redis at 127.0.0.1:{redis_port} (connection refused)" in lines[0]
+    assert "SHOPSTREAM_REDIS_URL" in lines[0]
+    assert "started" not in result.stdout + result.stderr  # no Spark session, no query
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_status_with_the_servers_down_says_so_without_the_clients_retry_noise(
+        tmp_path: Path) -> None:
+    """kafka-python's bootstrap logged some 40 lines of retries over 47 s before the table."""
+    env = {**_unreachable_env(), "SHOPSTREAM_DATA_DIR": str(tmp_path), "COLUMNS": "200"}
+    result = _run("status", env=env)
+    assert result.returncode == 3, result.stdout + result.stderr  # a server is unhealthy
+    assert "cannot reach Kafka at 127.0.0.1:" in result.stdout
+    assert "cannot reach Redis at 127.0.0.1:" in result.stdout
+    assert "no streaming job has published progress yet" in result.stdout
+    for noise in ("Bootstrap", "KafkaConnectionError", "Traceback"):
+        assert noise not in result.stdout + result.stderr, noise
