@@ -308,6 +308,7 @@ def backfill(
     from datetime import datetime
 
     from pipelines.backfill import run_backfill
+    from pipelines.offline_store import NoEventsError
 
     settings = load_settings()
 
@@ -334,6 +335,8 @@ def backfill(
         )
     except ValueError as exc:
         raise UserError(str(exc)) from exc
+    except NoEventsError as exc:
+        raise NoEventsError(f"{exc}, or give --source FILE") from None
     table = Table(title=f"backfill {result.run_id}")
     table.add_column("what")
     table.add_column("value", justify="right")

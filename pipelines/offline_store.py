@@ -65,6 +65,7 @@ __all__ = [
     "write_snapshot_table",
     "local_dir",
     "read_events",
+    "NoEventsError",
     "configure_parquet",
 ]
 
@@ -227,6 +228,11 @@ def _dates(since: datetime, until: datetime) -> list[str]:
     return out
 
 
+class NoEventsError(FileNotFoundError):
+    """The offline store has no events yet (a fresh data dir): a one-line CLI error, not
+    Spark's ``PATH_NOT_FOUND`` traceback."""
+
+
 def read_events(
     spark: SparkSession,
     settings: Settings,
@@ -240,7 +246,13 @@ def read_events(
     """
     from pyspark.sql import functions as F
 
-    df = spark.read.schema(_event_schema()).parquet(events_path(settings))
+    from pipelines.spark import uri_exists
+
+    path = events_path(settings)
+    if not uri_exists(spark, path):
+        raise NoEventsError(f"no events in the offline store at {path}: run `shopstream stream` "
+                            "or `shopstream replay` first")
+    df = spark.read.schema(_event_schema()).parquet(path)
     cond = F.lit(True)
     if since is not None and until is not None:
         cond = cond & F.col("event_date").isin(*_dates(since, until))

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from pyspark.sql import SparkSession
 
-__all__ = ["spark_session", "register_contract_fields", "driver_java_options", "gc_option",
+__all__ = ["spark_session", "uri_exists", "register_contract_fields", "driver_java_options", "gc_option",
            "jit_option", "inheriting", "detached", "scheduler_pool", "quiet_loggers", "STREAM_POOL",
            "BACKGROUND_POOL"]
 
@@ -156,6 +156,14 @@ def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bo
     if contract is not None:
         register_contract_fields(session)
     return session
+
+
+def uri_exists(spark: SparkSession, uri: str) -> bool:
+    """Whether a file or folder exists, on any file system the session reaches (local,
+    ``hdfs://``, ``s3a://``): asked before a read, so a missing store is an error of ours,
+    not Spark's ``PATH_NOT_FOUND`` with a stack trace logged first."""
+    path = getattr(spark._jvm, "org.apache.hadoop.fs.Path")(uri)  # type: ignore[attr-defined]
+    return bool(path.getFileSystem(spark._jsc.hadoopConfiguration()).exists(path))  # type: ignore[attr-defined]
 
 
 def register_contract_fields(spark: SparkSession, class_name: str | None = None) -> bool:

@@ -1075,8 +1075,9 @@ def realtime_tiles(spark: SparkSession, settings: Settings,
 
 def _has_offsets(spark: SparkSession, checkpoint: str) -> bool:
     """Whether a query has started on ``checkpoint`` before (Spark made its offset log)."""
-    path = getattr(spark._jvm, "org.apache.hadoop.fs.Path")(f"{checkpoint.rstrip('/')}/offsets")  # type: ignore[attr-defined]
-    return bool(path.getFileSystem(spark._jsc.hadoopConfiguration()).exists(path))  # type: ignore[attr-defined]
+    from pipelines.spark import uri_exists
+
+    return uri_exists(spark, f"{checkpoint.rstrip('/')}/offsets")
 
 
 def tile_sink_options(settings: Settings) -> dict[str, str]:
