@@ -188,17 +188,27 @@ def _sniff_delimiter(path: Path) -> str:
     return max(counts, key=lambda d: counts[d]) if any(counts.values()) else ","
 
 
-def load_table(path: Path) -> pd.DataFrame:
-    """Read a CSV (every column as text, delimiter sniffed from the header) or a Parquet file."""
-    path = Path(path)
+_PARQUET = (".parquet", ".pq")
+_CSV = (".csv", ".tsv", ".txt")
+
+
+def check_table_path(path: Path) -> None:
+    """A file :func:`load_table` can read, or a :class:`UserError` saying why not: asked
+    first, so a mistyped path is not reported as a missing ``--map``."""
     if not path.is_file():
         raise UserError(f"no such file: {path}")
     suffix = path.suffix.lower()
-    if suffix in (".parquet", ".pq"):
+    if suffix not in _PARQUET + _CSV:
+        raise UserError(f"{path}: expected a .csv or .parquet file, not {suffix or 'no suffix'}")
+
+
+def load_table(path: Path) -> pd.DataFrame:
+    """Read a CSV (every column as text, delimiter sniffed from the header) or a Parquet file."""
+    path = Path(path)
+    check_table_path(path)
+    if path.suffix.lower() in _PARQUET:
         return pd.read_parquet(path)
-    if suffix in (".csv", ".tsv", ".txt"):
-        return pd.read_csv(path, dtype=str, keep_default_na=False, sep=_sniff_delimiter(path))
-    raise UserError(f"{path}: expected a .csv or .parquet file, not {suffix or 'no suffix'}")
+    return pd.read_csv(path, dtype=str, keep_default_na=False, sep=_sniff_delimiter(path))
 
 
 # ------------------------------------------------------------------ columns to values
@@ -474,6 +484,7 @@ def run_replay(
                 f"preset {chosen.name}: no file {path} (set SHOPSTREAM_SHARED_DATA_DIR to its folder)"
             )
     path = Path(path)
+    check_table_path(path)
     _resolve(chosen, overrides)  # a missing field is reported before reading a large file
 
     log.info("reading %s", path)

@@ -149,6 +149,17 @@ def test_load_table_rejects_other_formats(tmp_path: Path) -> None:
         load_table(tmp_path / "missing.csv")
 
 
+def test_run_replay_names_a_missing_or_unreadable_file_before_the_mapping(
+        settings: Settings, tmp_path: Path) -> None:
+    """A mistyped path, with no --map given, was reported as "no mapping for event_type"."""
+    with pytest.raises(UserError, match=f"^no such file: {tmp_path / 'typo.csv'}$"):
+        run_replay(settings, path=tmp_path / "typo.csv", output=tmp_path / "o.jsonl", console=_quiet())
+    (tmp_path / "notes.md").write_text("# not a table\n")
+    with pytest.raises(UserError, match=r"notes\.md: expected a \.csv or \.parquet file, not \.md$"):
+        run_replay(settings, path=tmp_path / "notes.md", output=tmp_path / "o.jsonl", console=_quiet())
+    assert not (tmp_path / "o.jsonl").exists()
+
+
 def test_run_replay_preset_missing_column(settings: Settings, tmp_path: Path) -> None:
     path = tmp_path / "retail.csv"
     path.write_text("InvoiceNo,StockCode,Quantity,InvoiceDate,UnitPrice,Country\n1,A,1,2011-01-01 10:00,1.0,UK\n")
