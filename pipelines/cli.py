@@ -12,6 +12,7 @@ traceback; ``--debug`` shows the traceback.
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import sys
 from pathlib import Path
@@ -582,6 +583,14 @@ def verify(
         raise typer.Exit(1)
 
 
+def shown_figure(value: str) -> str:
+    """A published figure as people read it: seconds and rates to three decimals
+    (``9.612435817718506`` -> ``9.612``); whole numbers, times and text unchanged."""
+    if re.fullmatch(r"-?\d+\.\d{4,}", value):
+        return f"{float(value):.3f}"
+    return value
+
+
 @app.command()
 def status() -> None:
     """Show infrastructure health and the streaming job's latest progress.
@@ -607,7 +616,7 @@ def status() -> None:
         table.add_column("value")
         first = [name for name in ("job_state", "job_state_since") if name in progress]
         for name in first + [name for name in progress if name not in first]:
-            table.add_row(name, progress[name])
+            table.add_row(name, shown_figure(progress[name]))
         out.print(table)
     if not all(component.get("healthy") for component in health.values()):
         raise typer.Exit(3)

@@ -110,3 +110,12 @@ def test_status_with_the_servers_down_says_so_without_the_clients_retry_noise(
     assert "no streaming job has published progress yet" in result.stdout
     for noise in ("Bootstrap", "KafkaConnectionError", "Traceback"):
         assert noise not in result.stdout + result.stderr, noise
+
+
+def test_status_shows_figures_to_three_decimals_and_the_rest_as_published() -> None:
+    from pipelines.cli import shown_figure
+
+    assert shown_figure("9.612435817718506") == "9.612"
+    assert shown_figure("49.792048") == "49.792"
+    for same in ("103.8", "3000", "0.0", "2026-12-01T02:56:09.852000+00:00", "running", ""):
+        assert shown_figure(same) == same
