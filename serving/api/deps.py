@@ -13,6 +13,7 @@ import hmac
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, HTTPException, Path, Query, Request, Security, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.security import APIKeyHeader
 
 from serving.client import AsyncServingClient
@@ -32,6 +33,8 @@ __all__ = [
     "ClientDep",
     "MetricsDep",
     "require_api_key",
+    "known_query_only",
+    "ROUTE_DEPENDENCIES",
     "WindowQuery",
     "KQuery",
     "CategoryQuery",
@@ -70,6 +73,45 @@ async def require_api_key(
             detail=INVALID_KEY_MESSAGE,
             headers={"WWW-Authenticate": "APIKey"},
         )
+
+
+_known_query: dict[int, tuple[str, ...]] = {}
+"""Per route (by identity), the query parameters it takes, in its signature's order."""
+
+
+def _route_query(route: Any) -> tuple[str, ...]:
+    known = _known_query.get(id(route))
+    if known is None:
+        names: dict[str, None] = {}
+        todo = [route.dependant]  # the route's own parameters and its dependencies'
+        while todo:
+            dependant = todo.pop()
+            names.update((field.alias, None) for field in dependant.query_params)
+            todo.extend(reversed(dependant.dependencies))
+        known = _known_query[id(route)] = tuple(names)
+    return known
+
+
+async def known_query_only(request: Request) -> None:
+    """422 for a query parameter the route does not take: ``?n=5`` or ``?limit=5`` for
+    ``k`` was ignored, and the caller got ten items without a word. The message lists the
+    parameters the route takes."""
+    route = request.scope.get("route")
+    if route is None or not request.query_params:
+        return
+    known = _route_query(route)
+    unknown = [name for name in dict.fromkeys(request.query_params) if name not in known]
+    if unknown:
+        takes = ", ".join(known) or "none"
+        raise RequestValidationError([
+            {"loc": ("query", name), "type": "extra_forbidden", "input": request.query_params[name],
+             "msg": f"not a parameter of this route (it takes: {takes})"}
+            for name in unknown])
+
+
+ROUTE_DEPENDENCIES = [Depends(require_api_key), Depends(known_query_only)]
+"""What every ``/v1`` router runs before its handler: the key first, so a caller without
+one learns nothing of the parameters."""
 
 
 async def get_client(request: Request) -> AsyncServingClient:

@@ -6,7 +6,7 @@ trip and the re-ranking). This ASGI layer answers the *plain* requests of that r
 directly -- the same client call, the same response model serialized by pydantic --
 and hands every other request to FastAPI unchanged: other routes, and any request of
 this route it does not accept outright (a parameter FastAPI might read differently, a
-bad value, a missing or wrong API key, a repeated parameter). So FastAPI stays the
+bad value, a missing or wrong API key, a repeated or unknown parameter). So FastAPI stays the
 single source of the route's contract (OpenAPI docs, 401/422 answers and their
 messages); the fast path only ever answers what FastAPI would answer with a 200, and
 errors raised by the client (503) are rendered by the app's own error function.
@@ -113,8 +113,8 @@ class RecommendationsFastPath:
         if query:
             seen: set[str] = set()
             for name, value in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
-                if name in seen and name in _KNOWN:
-                    return None  # repeated: let FastAPI apply its own rule
+                if name not in _KNOWN or name in seen:
+                    return None  # unknown (FastAPI says 422) or repeated: FastAPI's own rules
                 seen.add(name)
                 if name == "k":
                     if not (value.isascii() and value.isdigit()) or not K_MIN <= int(value) <= K_MAX:

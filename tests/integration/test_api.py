@@ -195,6 +195,30 @@ def test_bad_parameters_are_422_with_a_message(http: TestClient, url: str, param
     assert param in {e["param"] for e in body["errors"]}
 
 
+@pytest.mark.parametrize(("url", "unknown", "takes"), [
+    ("/v1/top-sellers?n=5", ["n"], "window, category, region, k"),
+    ("/v1/trending?limit=5&k=2", ["limit"], "window, category, region, k"),
+    (f"/v1/users/{KNOWN_USER}/recommendations?k=5&top_n=3&n=3", ["top_n", "n"],
+     "k, exclude_purchased, region"),  # not answered by the fast path: FastAPI says no
+    ("/v1/items/85123A/similar?count=2", ["count"], "k"),
+])
+def test_an_unknown_query_parameter_is_422_naming_it_and_what_the_route_takes(
+        http: TestClient, url: str, unknown: list[str], takes: str) -> None:
+    """Ignored, ``?n=5`` answered ten items without a word."""
+    response = http.get(url)
+    assert response.status_code == 422, response.text
+    body = response.json()
+    assert [e["param"] for e in body["errors"]] == unknown
+    for name in unknown:
+        assert f"{name}: not a parameter of this route (it takes: {takes})" in body["detail"]
+
+
+def test_an_unknown_query_parameter_without_the_api_key_is_401(keyed_http: TestClient) -> None:
+    assert keyed_http.get("/v1/top-sellers?n=5").status_code == 401
+    keyed = keyed_http.get("/v1/top-sellers?n=5", headers={"X-API-Key": API_KEY})
+    assert keyed.status_code == 422 and keyed.json()["errors"][0]["param"] == "n"
+
+
 def test_missing_or_wrong_api_key_is_401(keyed_http: TestClient) -> None:
     for headers in ({}, {"X-API-Key": "wrong"}, {"X-API-Key": API_KEY + "x"}, {"X-API-Key": ""}):
         for url in ("/v1/top-sellers", f"/v1/users/{KNOWN_USER}/recommendations",

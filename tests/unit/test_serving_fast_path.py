@@ -26,14 +26,15 @@ def _plain(scope: dict[str, Any]) -> Any:
     (b"", ("u123", 10, True, None)),
     (b"k=5&region=United%20Kingdom", ("u123", 5, True, "United Kingdom")),
     (b"k=5&region=United+Kingdom&exclude_purchased=false", ("u123", 5, False, "United Kingdom")),
-    (b"region=&other=x", ("u123", 10, True, None)),
+    (b"region=", ("u123", 10, True, None)),
 ])
 def test_plain_requests_are_answered_here(query: bytes, expected: tuple) -> None:
     assert _plain(_scope("/v1/users/u123/recommendations", query)) == expected
 
 
 @pytest.mark.parametrize("query", [b"k=0", b"k=101", b"k=+5", b"k=1.5", b"k=%EF%BC%95",
-                                   b"exclude_purchased=yes", b"region=%2F", b"k=2&k=3"])
+                                   b"exclude_purchased=yes", b"region=%2F", b"k=2&k=3",
+                                   b"region=&other=x", b"n=5"])  # unknown: FastAPI's 422
 def test_anything_doubtful_goes_to_fastapi(query: bytes) -> None:
     assert _plain(_scope("/v1/users/u123/recommendations", query)) is None
 

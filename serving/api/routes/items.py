@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 
-from serving.api.deps import ERROR_RESPONSES, ClientDep, ItemIdPath, KQuery, require_api_key
+from serving.api.deps import ERROR_RESPONSES, ROUTE_DEPENDENCIES, ClientDep, ItemIdPath, KQuery
 from serving.models import ErrorResponse, SimilarItemsResponse
 from serving.validation import K_DEFAULT
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1/items", tags=["similar items"],
-                   dependencies=[Depends(require_api_key)])
+                   dependencies=ROUTE_DEPENDENCIES)
 
 
 @router.get(

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 
 from serving.api.deps import (
     ERROR_RESPONSES,
+    ROUTE_DEPENDENCIES,
     CategoryQuery,
     ClientDep,
     KQuery,
     RegionQuery,
     WindowQuery,
-    require_api_key,
 )
 from serving.models import TopItemsResponse
 from serving.validation import K_DEFAULT
@@ -28,7 +28,7 @@ __all__ = ["top_items_router"]
 def top_items_router(kind: Literal["top_sellers", "trending"], *, prefix: str, tag: str,
                      summary: str, description: str) -> APIRouter:
     """An ``APIRouter`` with ``GET {prefix}`` answering ``client.<kind>(window, category, region, k)``."""
-    router = APIRouter(prefix=prefix, tags=[tag], dependencies=[Depends(require_api_key)])
+    router = APIRouter(prefix=prefix, tags=[tag], dependencies=ROUTE_DEPENDENCIES)
 
     async def endpoint(
         client: ClientDep,

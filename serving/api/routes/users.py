@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 
 from serving.api.deps import (
     ERROR_RESPONSES,
+    ROUTE_DEPENDENCIES,
     ClientDep,
     KQuery,
     RegionQuery,
     UserIdPath,
-    require_api_key,
 )
 from serving.models import RecommendationsResponse
 from serving.validation import K_DEFAULT
@@ -20,7 +20,7 @@ from serving.validation import K_DEFAULT
 __all__ = ["router"]
 
 router = APIRouter(prefix="/v1/users", tags=["recommendations"],
-                   dependencies=[Depends(require_api_key)])
+                   dependencies=ROUTE_DEPENDENCIES)
 
 
 @router.get("/{user_id}/recommendations", response_model=RecommendationsResponse,
