@@ -260,8 +260,9 @@ def stream(
     from pipelines.connections import servers_unreachable
 
     # before Spark starts: Spark's Kafka source would retry for minutes, a stack trace a
-    # minute. Once running, the job rides out outages (SHOPSTREAM_STREAM_REDIS_OUTAGE_SECONDS)
-    if problems := servers_unreachable(settings):
+    # minute. Once running, the job rides out outages (SHOPSTREAM_STREAM_REDIS_OUTAGE_SECONDS);
+    # so does Real-time Mode's Parquet sinks' process, which its driver may restart in one
+    if not offline_only and (problems := servers_unreachable(settings)):
         raise UserError("; ".join(problems))
     from pipelines.checkpoint_lock import CheckpointBusy, checkpoint_lock
     from pipelines.stream import query_checkpoint

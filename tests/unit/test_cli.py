@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -119,3 +121,18 @@ def test_status_shows_figures_to_three_decimals_and_the_rest_as_published() -> N
     assert shown_figure("49.792048") == "49.792"
     for same in ("103.8", "3000", "0.0", "2026-12-01T02:56:09.852000+00:00", "running", ""):
         assert shown_figure(same) == same
+
+
+def test_the_real_time_sinks_process_rides_out_its_servers_being_away(tmp_path: Path) -> None:
+    """``--offline-only`` is what a Real-time driver starts, and restarts on a stall, maybe
+    during an outage: it skips the up-front check (the refusal takes a second to say)."""
+    env = {**os.environ, **_unreachable_env(), "SHOPSTREAM_DATA_DIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.cli", "stream", "--offline-only"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=15)  # still waiting for Kafka, not stopped by the check
+    finally:
+        proc.kill()  # a SIGTERM waits for Spark's Kafka retries (60 s each); its JVM follows
+        output = proc.communicate(timeout=60)[0].decode()
+    assert "cannot reach" not in output, output
