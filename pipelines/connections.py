@@ -11,6 +11,8 @@ import socket
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from pipelines.settings import Settings
 
@@ -98,9 +100,6 @@ def redis_unreachable(settings: Settings, timeout_s: float = REACH_TIMEOUT_S) ->
     naming the address and the settings, or ``None`` when it does. The password is never
     part of it."""
     host, port = settings.redis_address
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
     # one try: redis-py's default retries with backoff took 11 s to give up on a refusal
     client = redis.Redis(**{**redis_kwargs(settings, timeout_ms=int(timeout_s * 1000)),
                             "socket_connect_timeout": timeout_s,

@@ -377,18 +377,17 @@ def read_progress(settings: Settings, client: Any | None = None, *,
                   redis_up: bool = True) -> dict[str, str]:
     """The latest published figures: from Redis (unless known to be down: its client's
     retries take seconds), else from the JSON file; ``{}`` if none."""
-    try:
-        if not redis_up:
-            raise ConnectionError("Redis is down")
-        if client is None:
-            from pipelines.connections import redis_client
+    if redis_up:
+        try:
+            if client is None:
+                from pipelines.connections import redis_client
 
-            client = redis_client(settings, timeout_ms=1000)
-        raw = client.hgetall(stream_progress_key())
-        if raw:
-            return {k.decode(): v.decode() for k, v in raw.items()}
-    except Exception as exc:  # noqa: BLE001 - status must work with Redis down
-        log.debug("stream progress not readable from Redis: %s", exc)
+                client = redis_client(settings, timeout_ms=1000)
+            raw = client.hgetall(stream_progress_key())
+            if raw:
+                return {k.decode(): v.decode() for k, v in raw.items()}
+        except Exception as exc:  # noqa: BLE001 - status must work with Redis down
+            log.debug("stream progress not readable from Redis: %s", exc)
     path = progress_path(settings)
     if path is not None and path.exists():
         doc = json.loads(path.read_text())

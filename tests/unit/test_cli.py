@@ -112,6 +112,13 @@ def test_status_with_the_servers_down_says_so_without_the_clients_retry_noise(
     assert "no streaming job has published progress yet" in result.stdout
     for noise in ("Bootstrap", "KafkaConnectionError", "Traceback"):
         assert noise not in result.stdout + result.stderr, noise
+    # with Redis down, the job's figures come from the file it also writes
+    progress = tmp_path / "stream" / "progress.json"
+    progress.parent.mkdir(parents=True)
+    progress.write_text('{"latest": {"batch_id": 7, "freshness_p99_s": 1.23456789}}')
+    shown = _run("status", env=env)
+    assert shown.returncode == 3
+    assert "batch_id" in shown.stdout and "1.235" in shown.stdout, shown.stdout
 
 
 def test_status_shows_figures_to_three_decimals_and_the_rest_as_published() -> None:
