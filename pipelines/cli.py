@@ -233,7 +233,7 @@ def stream(
     """
     from dataclasses import replace
 
-    from pipelines.stream import StreamFailed, StreamOptions, run_stream
+    from pipelines.stream import CheckpointTopicError, StreamFailed, StreamOptions, run_stream
     from pipelines.streaming.dedup import DedupSettingError
 
     settings = load_settings()
@@ -278,7 +278,7 @@ def stream(
         with checkpoint_lock(settings.run_path, checkpoint,
                              wait_seconds=settings.stream_stop_grace_seconds + 30):
             recorder = run_stream(settings, options, stop_session=True, stop_on_signals=True)
-    except (CheckpointBusy, DedupSettingError) as exc:
+    except (CheckpointBusy, DedupSettingError, CheckpointTopicError) as exc:
         raise UserError(str(exc)) from exc
     except StreamFailed as exc:
         if _state["debug"]:

@@ -93,6 +93,8 @@ __all__ = [
     "stop_gracefully",
     "ship_code",
     "StreamFailed",
+    "CheckpointTopicError",
+    "check_checkpoint_topic",
     "is_redis_outage",
     "redis_outage_of",
 ]
@@ -143,6 +145,25 @@ class StreamOptions:
     snapshots: bool = True
     realtime_snapshots: bool = False
     timeout_seconds: float | None = None
+
+
+class CheckpointTopicError(RuntimeError):
+    """The checkpoint holds offsets of another topic than the one the job is set to read."""
+
+
+def check_checkpoint_topic(spark: SparkSession, checkpoint: str, settings: Settings) -> None:
+    """Refuse to start a query on a checkpoint written for another topic (say, after
+    ``SHOPSTREAM_KAFKA_TOPIC_EVENTS`` changed): Spark would fail its first batch with
+    ``UnknownTopicOrPartitionException: This server does not host this topic-partition``,
+    which names neither the checkpoint nor the setting."""
+    from pipelines.stream_state import BatchLog
+
+    topics = BatchLog(spark, checkpoint).source_topics()
+    if topics and topics != {settings.kafka_topic_events}:
+        raise CheckpointTopicError(
+            f"the checkpoint {checkpoint} holds offsets of the topic {', '.join(sorted(topics))}, "
+            f"not of SHOPSTREAM_KAFKA_TOPIC_EVENTS={settings.kafka_topic_events}: set the topic "
+            "back, or give the new topic a checkpoint of its own (SHOPSTREAM_CHECKPOINT_DIR)")
 
 
 def query_checkpoint(settings: Settings, name: str = QUERY_NAME) -> str:
@@ -589,6 +610,7 @@ def start_stream(spark: SparkSession, settings: Settings, options: StreamOptions
     default ``stream_trigger_seconds`` (:func:`trigger_seconds_of`).
     """
     checkpoint = query_checkpoint(settings)
+    check_checkpoint_topic(spark, checkpoint, settings)
     dedup_group = check_checkpoint(spark, checkpoint, settings)
     records = checked_records(read_kafka(spark, settings), settings, dedup_group)
     if processor is None:
@@ -783,7 +805,7 @@ def _wait_realtime(rtm: Any, sinks: Any, options: StreamOptions,
             if stop_requested.is_set():
                 why = "signal"
                 break
-            if rtm.query.awaitTermination(0.5):
+            if _query_ended(rtm.query, 0.5):
                 break
             try:
                 rtm.check()
@@ -835,6 +857,19 @@ def _wait_realtime(rtm: Any, sinks: Any, options: StreamOptions,
     return why
 
 
+def _query_ended(query: StreamingQuery, seconds: float) -> bool:
+    """Whether ``query`` has ended, waiting up to ``seconds``: by itself, or by a failure,
+    which ``awaitTermination`` raises (the caller then reads it from ``query.exception()``,
+    summarized; raised here, it escaped as a traceback whenever the query failed during
+    the wait rather than between two)."""
+    from pyspark.errors import StreamingQueryException
+
+    try:
+        return bool(query.awaitTermination(seconds))
+    except StreamingQueryException:
+        return True
+
+
 def _wait(query: StreamingQuery, options: StreamOptions,
           stop_requested: threading.Event | None = None, grace_seconds: float = 120.0,
           processor: BatchProcessor | None = None,
@@ -854,7 +889,7 @@ def _wait(query: StreamingQuery, options: StreamOptions,
             if stop_requested is not None and stop_requested.is_set():
                 why = "signal"  # the running batch finishes below (stop_gracefully)
                 break
-            if query.awaitTermination(0.5):
+            if _query_ended(query, 0.5):
                 break
             if recorder is not None:  # `shopstream status` tells a dead job by its silence
                 recorder.heartbeat(lambda: caught_up_of(query.lastProgress))

@@ -232,6 +232,26 @@ class BatchLog:
         raise RuntimeError(f"no batchTimestampMs in Spark's offset log entry {self._offsets}/"
                            f"{batch_id}: a format this job does not know")
 
+    def source_topics(self) -> set[str] | None:
+        """The Kafka topics of the latest entry of Spark's offset log (its third and later
+        lines, one JSON object per source, keyed by topic); ``None`` for a checkpoint no
+        query has run on yet."""
+        offsets = self._path_class(self._offsets)
+        fs = self._fs(offsets)
+        if not fs.exists(offsets):
+            return None
+        ids = [int(name) for name in (status.getPath().getName()
+                                      for status in fs.listStatus(offsets)) if name.isdigit()]
+        text = self._read_text(self._path_class(f"{self._offsets}/{max(ids)}")) if ids else None
+        if text is None:
+            return None
+        topics: set[str] = set()
+        for line in text.splitlines()[2:]:
+            source = json.loads(line) if line.startswith("{") else None
+            if isinstance(source, dict):
+                topics.update(source)
+        return topics
+
     def _read_text(self, path: Any) -> str | None:
         """The UTF-8 text of the file ``path``, or ``None`` when there is none."""
         fs = self._fs(path)

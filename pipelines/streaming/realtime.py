@@ -1094,11 +1094,12 @@ def start_realtime(spark: SparkSession, settings: Settings, *,
     """Start the Real-time online query (see the module docstring); returns at once.
     ``snapshots=False``: no feature snapshots are written at the stop (the entities are
     still noted, and the requests stay in Redis)."""
-    from pipelines.stream import query_checkpoint
+    from pipelines.stream import check_checkpoint_topic, query_checkpoint
 
+    checkpoint = query_checkpoint(settings, QUERY_NAME)
+    check_checkpoint_topic(spark, checkpoint, settings)
     out = realtime_tiles(spark, settings)
     partitions = ensure_topic(settings)
-    checkpoint = query_checkpoint(settings, QUERY_NAME)
     feed = Feeds(settings, new_checkpoint=not _has_offsets(spark, checkpoint),
                  partitions=partitions)
     feed.start()
