@@ -84,6 +84,30 @@ def redis_client(settings: Settings, redis_server: Any) -> Iterator[Any]:
     client.close()
 
 
+@pytest.fixture()
+def start_redis(make_settings: Callable[..., Settings], tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """Start a redis-server of the test's own, for settings the shared one lacks (AUTH, TLS, ACL).
+
+    Call it with settings overrides (``redis_password=...``, ``scheme="rediss"``); it
+    returns the started ``RedisServer`` (``.settings``, ``.port``), stopped after the test.
+    """
+    from pipelines.infra import RedisServer
+
+    started: list[Any] = []
+
+    def start(scheme: str = "redis", **overrides: Any) -> Any:
+        settings = make_settings(redis_url=f"{scheme}://127.0.0.1:{free_port()}/0",
+                                 run_dir=str(tmp_path / "run"), **overrides)
+        server = RedisServer(settings)
+        started.append(server)
+        server.start()
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def kafka_broker(settings: Settings) -> Iterator[Any]:
     from pipelines.infra import KafkaBroker

@@ -47,23 +47,15 @@ def test_redis_roundtrip_and_persistence_config(redis_server: RedisServer, redis
     assert redis_client.config_get("bind")["bind"].startswith("127.0.0.1")
 
 
-def test_redis_password_required(make_settings: Any, tmp_path: Any) -> None:
-    from tests.conftest import free_port
+def test_redis_password_required(start_redis: Any, tmp_path: Any) -> None:
+    import redis
 
-    port = free_port()
-    secured = make_settings(redis_url=f"redis://127.0.0.1:{port}/0", redis_password="s3cret-pw",
-                            run_dir=str(tmp_path / "run"))
-    server = RedisServer(secured)
-    server.start()
-    try:
-        import redis
-
-        anonymous = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2)
-        with pytest.raises(redis.AuthenticationError):
-            anonymous.ping()
-        status = server.status()
-        assert status["healthy"] is True
-        assert "s3cret-pw" not in (tmp_path / "run" / "redis" / "redis.log").read_text()
-    finally:
-        server.stop()
+    server = start_redis(redis_password="s3cret-pw")
+    anonymous = redis.Redis(host="127.0.0.1", port=server.port, socket_timeout=2)
+    with pytest.raises(redis.AuthenticationError):
+        anonymous.ping()
+    status = server.status()
+    assert status["healthy"] is True
+    assert "s3cret-pw" not in (tmp_path / "run" / "redis" / "redis.log").read_text()
+    server.stop()
     assert not server.process.is_running()
