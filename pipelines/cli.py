@@ -259,9 +259,9 @@ def stream(
                         "sinks' process)")
     from pipelines.connections import servers_unreachable
 
-    # before Spark starts: Spark's Kafka source would retry for minutes, a stack trace a
-    # minute. Once running, the job rides out outages (SHOPSTREAM_STREAM_REDIS_OUTAGE_SECONDS);
-    # so does Real-time Mode's Parquet sinks' process, which its driver may restart in one
+    # before Spark starts: Spark's Kafka source would retry for minutes. Once running, the
+    # job rides out outages (SHOPSTREAM_STREAM_REDIS_OUTAGE_SECONDS, _KAFKA_ATTEMPTS); so
+    # does Real-time Mode's Parquet sinks' process, which its driver may restart in one
     if not offline_only and (problems := servers_unreachable(settings)):
         raise UserError("; ".join(problems))
     from pipelines.checkpoint_lock import CheckpointBusy, checkpoint_lock
@@ -283,8 +283,10 @@ def stream(
     except StreamFailed as exc:
         if _state["debug"]:
             raise
-        raise UserError(f"the streaming query failed: {exc} (restart resumes from the checkpoint;"
-                        " --debug for the full error)") from exc
+        # an outage is the likely cause of a failure; say so in the same line, with its fix
+        down = "".join(f"; {problem}" for problem in servers_unreachable(settings))
+        raise UserError(f"the streaming query failed: {exc}{down} (restart resumes from the "
+                        "checkpoint; --debug for the full error)") from exc
     t = recorder.totals
     if settings.stream_mode == "realtime":  # the Parquet sinks' process printed its own totals
         out.print("stream stopped (Real-time Mode): online figures in `shopstream status`")

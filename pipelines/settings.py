@@ -173,6 +173,15 @@ class Settings(BaseSettings):
     batch's size" and "A million records a batch"). A live stream's batches are as
     small as its trigger interval makes them; this only caps them."""
     stream_starting_offsets: str = "earliest"
+    stream_kafka_attempts: int = Field(default=3, ge=1)
+    """How many times the stream asks Kafka for its offsets before the query stops with
+    the last error (Spark's ``fetchOffset.numRetries``). With
+    ``stream_kafka_timeout_seconds`` it sets how long the job rides out a Kafka outage:
+    about attempts x (timeout + 1 s), 3 minutes with the defaults (Spark's). A stopped
+    job resumes from its checkpoint when started again."""
+    stream_kafka_timeout_seconds: float = Field(default=60.0, gt=0)
+    """How long one attempt waits for Kafka (``default.api.timeout.ms`` of the source's
+    admin client)."""
     checkpoint_dir: str | None = None
     """Default ``<data_dir>/checkpoints``; URI-capable."""
     stream_dedup: Literal["bucketed", "spark"] = "bucketed"
@@ -513,6 +522,17 @@ class Settings(BaseSettings):
             if self.kafka_sasl_password is not None:
                 cfg["sasl_plain_password"] = self.kafka_sasl_password.get_secret_value()
         return cfg
+
+    def spark_kafka_source_options(self) -> dict[str, str]:
+        """:meth:`spark_kafka_options` plus how long the stream's source waits out an outage."""
+        timeout_ms = int(self.stream_kafka_timeout_seconds * 1000)
+        return {
+            **self.spark_kafka_options(),
+            "fetchOffset.numRetries": str(self.stream_kafka_attempts),
+            "kafka.default.api.timeout.ms": str(timeout_ms),
+            # the admin client refuses a call timeout below one request's (30 s by default)
+            "kafka.request.timeout.ms": str(min(timeout_ms, 30_000)),
+        }
 
     def spark_kafka_options(self) -> dict[str, str]:
         """Options for Spark's native ``kafka`` source and sink."""

@@ -82,6 +82,7 @@ def driver_java_options(settings: Settings, *, latency: bool = False) -> str:
     return " ".join(filter(None, (
         "-Dderby.system.home=" + settings.data_path("derby"),
         "-Dlog4j2.configurationFile=" + str(files("pipelines").joinpath("spark-log4j2.properties")),
+        f"-Dshopstream.kafkaAttempts={settings.stream_kafka_attempts}",  # named in its lines
         gc_option(settings, latency=latency),
         jit_option(settings),
         settings.spark_driver_java_options.strip(),

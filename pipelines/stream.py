@@ -181,7 +181,7 @@ def read_kafka(spark: SparkSession, settings: Settings) -> DataFrame:
     """
     return (
         spark.readStream.format("kafka")
-        .options(**settings.spark_kafka_options())
+        .options(**settings.spark_kafka_source_options())
         .option("subscribe", settings.kafka_topic_events)
         .option("startingOffsets", settings.stream_starting_offsets)
         .option("maxOffsetsPerTrigger", str(settings.stream_max_offsets_per_trigger))

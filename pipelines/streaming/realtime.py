@@ -1061,7 +1061,7 @@ def realtime_tiles(spark: SparkSession, settings: Settings,
 
     options = {"subscribe": settings.kafka_topic_events,
                "startingOffsets": settings.stream_starting_offsets, **(source_options or {})}
-    raw = (spark.readStream.format("kafka").options(**settings.spark_kafka_options())
+    raw = (spark.readStream.format("kafka").options(**settings.spark_kafka_source_options())
            .options(**options).load())
     checked = with_verdict(raw.select(*RAW_COLUMNS), now=F.col("timestamp"),
                            check_key=settings.stream_check_key)

@@ -38,6 +38,7 @@ from tests.integration.test_stream import (
     wave1,
 )
 from tests.reliability.helpers import (
+    CliProcess,
     StreamThread,
     committed_batches,
     size,
@@ -215,4 +216,51 @@ def test_stream_resumes_after_a_kafka_broker_restart(own_broker: tuple[Settings,
                                lambda: _totals(settings), meet_batch=False)
     assert len(log) == OUTAGES
     first, second = _chunks()
+    check_stores(spark, settings, expected_outcome(first + second))
+
+
+def test_a_stream_that_outlasts_its_kafka_attempts_stops_in_one_line_and_resumes(
+        own_broker: tuple[Settings, KafkaBroker], redis_client: Any, spark: Any,
+        tmp_path: Path) -> None:
+    """Kafka down longer than the job waits: each failed attempt is one log line (Spark logged
+    a 40-line stack trace for each, a minute apart), and the job stops naming Kafka's address
+    and what to do; started again once Kafka is back, it resumes with nothing lost."""
+    from pipelines.stream import query_checkpoint
+
+    settings, broker = own_broker
+    settings = settings.model_copy(update={"stream_kafka_attempts": 2,
+                                           "stream_kafka_timeout_seconds": 2.0,
+                                           "spark_log_level": "WARN"})  # the default's
+    first, second = _chunks()
+    produce(settings, first)
+    checkpoint = Path(query_checkpoint(settings))
+    log = tmp_path / "stream.log"
+    job = CliProcess(settings, ["stream"], log)
+    try:
+        wait_for(lambda: committed_batches(checkpoint) >= 1, timeout=300, what="a first batch")
+        broker.stop()
+        assert job.wait(timeout=180) == 2
+    finally:
+        job.stop()
+    lines = log.read_text().splitlines()
+    attempts = [i for i, line in enumerate(lines) if "getting Kafka offsets:" in line]
+    assert len(attempts) == 2, lines[-40:]
+    for n, i in enumerate(attempts, start=1):
+        assert f"Error in attempt {n} getting Kafka offsets: " in lines[i]
+        assert "TimeoutException" in lines[i]
+        assert "(of 2, SHOPSTREAM_STREAM_KAFKA_ATTEMPTS; then the query stops" in lines[i]
+        assert not lines[i + 1].startswith(("\tat ", "java.", "Caused by")), lines[i:i + 3]
+    host, port = settings.kafka_bootstrap[0]
+    [error] = [line for line in lines if line.startswith("error: ")]
+    assert error.startswith("error: the streaming query failed: "), error
+    assert f"cannot reach Kafka at {host}:{port} (connection refused)" in error
+    assert "SHOPSTREAM_KAFKA_BOOTSTRAP_SERVERS" in error
+
+    broker.start()
+    produce(settings, second)
+    again = CliProcess(settings, ["stream", "--until-idle", "5"], tmp_path / "again.log")
+    try:
+        assert again.wait(timeout=600) == 0
+    finally:
+        again.stop()
     check_stores(spark, settings, expected_outcome(first + second))

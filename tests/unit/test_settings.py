@@ -54,10 +54,11 @@ def test_driver_java_options_come_after_the_projects_own(monkeypatch: pytest.Mon
     options = driver_java_options(Settings(_env_file=None, data_dir="/srv/shop")).split(" ")
     assert options[0] == "-Dderby.system.home=/srv/shop/derby"
     assert options[1].startswith("-Dlog4j2.configurationFile=")
-    assert options[2:] == ["-XX:+UseParallelGC", "-XX:-DontCompileHugeMethods",
+    assert options[2] == "-Dshopstream.kafkaAttempts=3"
+    assert options[3:] == ["-XX:+UseParallelGC", "-XX:-DontCompileHugeMethods",
                            "-XX:TieredStopAtLevel=1", "-Xss4m"]
     monkeypatch.delenv("SHOPSTREAM_SPARK_DRIVER_JAVA_OPTIONS")
-    assert len(driver_java_options(Settings(_env_file=None)).split(" ")) == 4
+    assert len(driver_java_options(Settings(_env_file=None)).split(" ")) == 5
 
 
 def test_huge_generated_methods_are_compiled_unless_spark_splits_them(
@@ -119,4 +120,23 @@ def test_the_real_time_tile_sink_lingers_as_set(monkeypatch: pytest.MonkeyPatch)
     assert tile_sink_options(Settings(_env_file=None))["kafka.linger.ms"] == "0"
     monkeypatch.setenv("SHOPSTREAM_STREAM_REALTIME_TILES_LINGER_MS", "-1")
     with pytest.raises(ValidationError, match="stream_realtime_tiles_linger_ms"):
+        Settings(_env_file=None)
+
+
+def test_the_stream_waits_out_kafka_as_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attempts and their timeout reach Spark's Kafka source; the admin client refuses a call
+    timeout below one request's, so a short one shortens the request's too."""
+    source = Settings(_env_file=None).spark_kafka_source_options()
+    assert source["fetchOffset.numRetries"] == "3"
+    assert source["kafka.default.api.timeout.ms"] == "60000"
+    assert source["kafka.request.timeout.ms"] == "30000"
+    monkeypatch.setenv("SHOPSTREAM_STREAM_KAFKA_ATTEMPTS", "5")
+    monkeypatch.setenv("SHOPSTREAM_STREAM_KAFKA_TIMEOUT_SECONDS", "2.5")
+    own = Settings(_env_file=None)
+    source = own.spark_kafka_source_options()
+    assert (source["fetchOffset.numRetries"], source["kafka.default.api.timeout.ms"],
+            source["kafka.request.timeout.ms"]) == ("5", "2500", "2500")
+    assert source["kafka.bootstrap.servers"] == own.kafka_bootstrap_servers
+    monkeypatch.setenv("SHOPSTREAM_STREAM_KAFKA_ATTEMPTS", "0")
+    with pytest.raises(ValueError, match="stream_kafka_attempts"):
         Settings(_env_file=None)
