@@ -75,12 +75,15 @@ async def require_api_key(
         )
 
 
-_known_query: dict[int, tuple[str, ...]] = {}
-"""Per route (by identity), the query parameters it takes, in its signature's order."""
+_QUERY_NAMES = "_shopstream_query_names"
+"""Attribute a route keeps its query parameters' names in (computed on its first request):
+on the route itself, so it lives and dies with it (an ``id()`` may be reused once a route
+of another app is gone; starlette's routes define ``__eq__``, so they cannot key a dict)."""
 
 
 def _route_query(route: Any) -> tuple[str, ...]:
-    known = _known_query.get(id(route))
+    """The query parameters a route takes, its dependencies' included, in signature order."""
+    known: tuple[str, ...] | None = getattr(route, _QUERY_NAMES, None)
     if known is None:
         names: dict[str, None] = {}
         todo = [route.dependant]  # the route's own parameters and its dependencies'
@@ -88,7 +91,8 @@ def _route_query(route: Any) -> tuple[str, ...]:
             dependant = todo.pop()
             names.update((field.alias, None) for field in dependant.query_params)
             todo.extend(reversed(dependant.dependencies))
-        known = _known_query[id(route)] = tuple(names)
+        known = tuple(names)
+        setattr(route, _QUERY_NAMES, known)
     return known
 
 
