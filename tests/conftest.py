@@ -24,6 +24,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.fixture
+def listening() -> Iterator[int]:
+    """A port that accepts connections and never answers (a hung server, or another
+    program holding a port a server of ours wants)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(8)
+        yield sock.getsockname()[1]
+
+
 @pytest.fixture(scope="session")
 def base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("shopstream")

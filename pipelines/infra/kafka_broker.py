@@ -19,7 +19,7 @@ from typing import Any
 
 from pipelines.connections import kafka_admin, kafka_unreachable
 from pipelines.infra.jars import kafka_broker_jars
-from pipelines.infra.process import ManagedProcess, wait_until
+from pipelines.infra.process import ManagedProcess, ensure_ports_free, wait_until
 from pipelines.settings import Settings
 
 __all__ = ["KafkaBroker", "TopicInfo"]
@@ -136,6 +136,11 @@ class KafkaBroker:
         if self.process.is_running():
             log.info("kafka already running (pid %s) on %s", self.process.pid, self.address)
         else:
+            ensure_ports_free("the Kafka broker", [(self.host, self.port)],
+                              "SHOPSTREAM_KAFKA_BOOTSTRAP_SERVERS")
+            ensure_ports_free("the Kafka broker's controller",
+                              [(self.host, self.settings.kafka_controller_port)],
+                              "SHOPSTREAM_KAFKA_CONTROLLER_PORT")
             jars = kafka_broker_jars(self.settings)
             self._write_config()
             self._format_storage(jars.classpath)

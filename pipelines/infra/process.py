@@ -8,14 +8,16 @@ exactly the pids it recorded: never a process the project did not start.
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["ManagedProcess", "wait_until", "StartupError", "pid_alive"]
+__all__ = ["ManagedProcess", "wait_until", "StartupError", "pid_alive", "ensure_ports_free"]
 
 T = TypeVar("T")
 
@@ -50,12 +52,52 @@ def wait_until(
             last_error = exc
         hint = f"; see {log_file}" if log_file else ""
         if alive is not None and not alive():
-            raise StartupError(f"{what} exited during startup{hint}")
+            reason = _reason_in_log(log_file) if log_file else None
+            raise StartupError(f"{what} exited during startup"
+                               + (f" ({reason})" if reason else "") + hint)
         if time.monotonic() > deadline:
             detail = f" (last error: {last_error})" if last_error else ""
             raise StartupError(f"{what} not ready after {timeout:.0f}s{detail}{hint}")
         time.sleep(delay)
         delay = min(delay * 1.5, 1.0)
+
+
+_FAILURE = re.compile(r"already in use|error|exception|fail|could not|cannot|denied|invalid",
+                      re.IGNORECASE)
+
+
+def _reason_in_log(log_file: Path, chars: int = 64_000) -> str | None:
+    """The server's own last line of complaint (``bind: Address already in use``), so the
+    error says why without opening the log; ``None`` when it wrote none."""
+    try:
+        with open(log_file, "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - chars))
+            lines = log.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    complaints = [line.strip() for line in lines if _FAILURE.search(line)]
+    if not complaints:
+        return None
+    # a port taken says it best; otherwise the last complaint is the one that stopped it
+    taken = [line for line in complaints if "already in use" in line.lower()]
+    return (taken or complaints)[-1][:240]
+
+
+def ensure_ports_free(what: str, addresses: Sequence[tuple[str, int]], setting: str) -> None:
+    """Refuse to start a server whose port something else already listens on.
+
+    Otherwise the new server exits at once (redis-server) or after binding fails, and
+    meanwhile the readiness probe may talk to the other process: a Kafka broker's port
+    held by a web server took 32 s of client timeouts to be reported."""
+    for host, port in addresses:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                pass
+        except OSError:
+            continue
+        raise StartupError(f"cannot start {what}: something else already listens on "
+                           f"{host}:{port} (not a server this run dir started); stop it, or "
+                           f"set {setting} to a free port")
 
 
 class ManagedProcess:

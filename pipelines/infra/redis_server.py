@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.connections import redis_client, redis_unreachable
-from pipelines.infra.process import ManagedProcess, wait_until
+from pipelines.infra.process import ManagedProcess, ensure_ports_free, wait_until
 from pipelines.settings import Settings
 
 __all__ = ["RedisServer", "redis_server_binary"]
@@ -90,6 +90,7 @@ class RedisServer:
         if self.process.is_running():
             log.info("redis already running (pid %s) on %s", self.process.pid, self.address)
         else:
+            ensure_ports_free("redis-server", [(self.host, self.port)], "SHOPSTREAM_REDIS_URL")
             binary = redis_server_binary(self.settings)
             self.home.mkdir(parents=True, exist_ok=True)
             conf = self.home / "redis.conf"

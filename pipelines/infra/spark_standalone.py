@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from pipelines.infra.process import ManagedProcess, wait_until
+from pipelines.infra.process import ManagedProcess, ensure_ports_free, wait_until
 from pipelines.settings import Settings
 
 __all__ = ["SparkStandalone", "spark_home"]
@@ -81,6 +81,11 @@ class SparkStandalone:
         self.home.mkdir(parents=True, exist_ok=True)
         env = self._env()
         if not self.master.is_running():
+            # Spark would bind the next port instead, and the worker look for it on this one
+            ensure_ports_free("the Spark master", [(self.host, s.spark_standalone_port)],
+                              "SHOPSTREAM_SPARK_STANDALONE_PORT")
+            ensure_ports_free("the Spark master's web UI", [(self.host, s.spark_standalone_ui_port)],
+                              "SHOPSTREAM_SPARK_STANDALONE_UI_PORT")
             self.master.start([self._spark_class(), "org.apache.spark.deploy.master.Master",
                                "--host", self.host, "--port", str(s.spark_standalone_port),
                                "--webui-port", str(s.spark_standalone_ui_port)],

@@ -4,23 +4,9 @@ when its Kafka or Redis is not there. Real sockets; the Redis login case is in
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Iterator
-
-import pytest
-
 from pipelines.connections import kafka_unreachable, redis_unreachable, servers_unreachable
 from pipelines.settings import Settings
 from tests.conftest import free_port
-
-
-@pytest.fixture
-def listening() -> Iterator[int]:
-    """A port that accepts connections and never answers (as a hung server would)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(8)
-        yield sock.getsockname()[1]
 
 
 def _settings(**overrides: object) -> Settings:
