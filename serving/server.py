@@ -37,6 +37,11 @@ def run(settings: Settings) -> None:
     """Serve until interrupted (SIGINT/SIGTERM stop it gracefully)."""
     import uvicorn
 
+    from pipelines.infra.process import ensure_ports_free
+
+    # uvicorn finds out after the app's start-up, and does not name the setting
+    ensure_ports_free("shopstream serve", [(settings.api_host, settings.api_port)],
+                      "SHOPSTREAM_API_PORT", whose="")
     options = uvicorn_options(settings)
     log.info(
         "serving on http://%s:%d with %d worker(s); Redis %s; API key %s",

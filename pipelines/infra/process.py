@@ -83,7 +83,8 @@ def _reason_in_log(log_file: Path, chars: int = 64_000) -> str | None:
     return (taken or complaints)[-1][:240]
 
 
-def ensure_ports_free(what: str, addresses: Sequence[tuple[str, int]], setting: str) -> None:
+def ensure_ports_free(what: str, addresses: Sequence[tuple[str, int]], setting: str, *,
+                      whose: str = " (not a server this run dir started)") -> None:
     """Refuse to start a server whose port something else already listens on.
 
     Otherwise the new server exits at once (redis-server) or after binding fails, and
@@ -96,8 +97,7 @@ def ensure_ports_free(what: str, addresses: Sequence[tuple[str, int]], setting: 
         except OSError:
             continue
         raise StartupError(f"cannot start {what}: something else already listens on "
-                           f"{host}:{port} (not a server this run dir started); stop it, or "
-                           f"set {setting} to a free port")
+                           f"{host}:{port}{whose}; stop it, or set {setting} to a free port")
 
 
 class ManagedProcess:

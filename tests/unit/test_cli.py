@@ -143,3 +143,16 @@ def test_the_real_time_sinks_process_rides_out_its_servers_being_away(tmp_path: 
         proc.kill()  # a SIGTERM waits for Spark's Kafka retries (60 s each); its JVM follows
         output = proc.communicate(timeout=60)[0].decode()
     assert "cannot reach" not in output, output
+
+
+def test_serve_on_a_port_another_program_holds_is_one_line(listening: int, tmp_path: Path) -> None:
+    """uvicorn found out only after the app's start-up, and did not name the setting."""
+    result = _run("serve", env={"SHOPSTREAM_API_HOST": "127.0.0.1",
+                                "SHOPSTREAM_API_PORT": str(listening),
+                                "SHOPSTREAM_RUN_DIR": str(tmp_path / "run"),
+                                "SHOPSTREAM_DATA_DIR": str(tmp_path / "data")})
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        f"error: cannot start shopstream serve: something else already listens on "
+        f"127.0.0.1:{listening}; stop it, or set SHOPSTREAM_API_PORT to a free port")
+    assert "Started server process" not in result.stdout + result.stderr
