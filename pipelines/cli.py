@@ -642,6 +642,7 @@ def demo(
 
 def main() -> None:
     """Console-script entry point: user errors become one line, not a traceback."""
+    from pipelines.connections import Unreachable
     from pipelines.infra.jars import JarResolutionError
     from pipelines.infra.process import StartupError
 
@@ -667,11 +668,11 @@ def main() -> None:
     except typer.Abort:
         console.print("aborted")
         sys.exit(130)
-    except (UserError, StartupError, JarResolutionError, FileNotFoundError) as exc:
+    except (UserError, Unreachable, StartupError, JarResolutionError, FileNotFoundError) as exc:
         if _state["debug"]:
             raise
         console.print(f"[red]error:[/red] {exc}", markup=True, highlight=False, soft_wrap=True)
-        sys.exit(2 if isinstance(exc, UserError) else 1)
+        sys.exit(2 if isinstance(exc, UserError | Unreachable) else 1)
 
 
 if __name__ == "__main__":

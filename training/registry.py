@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass
 
 from mlflow import MlflowClient
@@ -84,6 +85,10 @@ def alias_version(client: MlflowClient, name: str, alias: str) -> ModelVersion |
         raise
 
 
+_LOGGED_MODEL = re.compile(r"^models:/(m-[0-9a-f]+)$")
+"""The URI of a logged model (MLflow 3), by its id."""
+
+
 def register_version(
     client: MlflowClient, name: str, model_uri: str, *, run_id: str | None = None,
     tags: dict[str, str] | None = None, description: str | None = None,
@@ -95,8 +100,13 @@ def register_version(
         client.create_registered_model(
             name, description="shopstream recommendations; aliases champion / challenger / previous."
         )
+    # a logged model (``models:/m-…``) names itself too: a tracking server refuses the
+    # version without it ("The model_id request parameter must identify the resource that
+    # contains the source"); the SQLite store did not check
+    logged = _LOGGED_MODEL.match(model_uri)
     version = client.create_model_version(
-        name, source=model_uri, run_id=run_id, tags=tags or {}, description=description
+        name, source=model_uri, run_id=run_id, tags=tags or {}, description=description,
+        model_id=logged.group(1) if logged else None,
     )
     client.set_registered_model_alias(name, CHALLENGER, str(version.version))
     _log.info("registered %s version %s as %s", name, version.version, CHALLENGER)

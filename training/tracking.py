@@ -53,6 +53,9 @@ _DATASET_COLUMNS = ["user_id", "item_id", "event_time", "event_type", "weight", 
 def configure_tracking(settings: Settings) -> str:
     """Point MLflow at the settings' tracking store and experiment; returns the experiment id.
 
+    A tracking server that does not accept a connection raises
+    :class:`~pipelines.connections.Unreachable` at once (MLflow's client retries for minutes).
+
     For the local SQLite default the folder is created and the experiment's
     artifacts go to :attr:`Settings.mlflow_artifact_root`; a tracking server keeps
     its own artifact location.
@@ -62,6 +65,10 @@ def configure_tracking(settings: Settings) -> str:
     # MLflow draws a tqdm bar for every model it copies while validating an input
     # example; in a CLI with its own progress display (and in logs) that is noise.
     os.environ.setdefault(MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.name, "false")
+    from pipelines.connections import Unreachable, mlflow_unreachable
+
+    if (problem := mlflow_unreachable(settings)) is not None:
+        raise Unreachable(problem)
     uri = settings.tracking_uri
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)

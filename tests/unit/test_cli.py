@@ -156,3 +156,23 @@ def test_serve_on_a_port_another_program_holds_is_one_line(listening: int, tmp_p
         f"error: cannot start shopstream serve: something else already listens on "
         f"127.0.0.1:{listening}; stop it, or set SHOPSTREAM_API_PORT to a free port")
     assert "Started server process" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("command", [["train", "--model", "popularity", "--no-features"],
+                                     ["train", "promote", "--no-publish"],
+                                     ["train", "rollback", "--no-publish"],
+                                     ["train", "score"]])
+def test_train_with_its_tracking_server_down_is_one_line_at_once(command: list[str],
+                                                                  tmp_path: Path) -> None:
+    """MLflow's client retried for 4 min 15 s, then printed a traceback."""
+    from tests.conftest import free_port
+
+    port = free_port()
+    result = _run(*command, env={"SHOPSTREAM_MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}",
+                                 "SHOPSTREAM_RUN_DIR": str(tmp_path / "run"),
+                                 "SHOPSTREAM_DATA_DIR": str(tmp_path / "data")})
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"error: cannot reach the MLflow tracking server at http://127.0.0.1:{port} "
+        "(connection refused): start it, or set SHOPSTREAM_MLFLOW_TRACKING_URI (unset: a local "
+        "SQLite store)")

@@ -50,3 +50,22 @@ def test_servers_unreachable_lists_only_those_that_fail(listening: int) -> None:
     problems = servers_unreachable(settings)
     assert len(problems) == 1 and problems[0].startswith("cannot reach Redis")
     assert servers_unreachable(settings, redis_too=False) == []
+
+
+def test_an_mlflow_server_that_refuses_is_named_with_the_setting(listening: int) -> None:
+    """MLflow's client retried a refused request for 4 min 15 s, then raised a traceback."""
+    from pipelines.connections import mlflow_unreachable
+
+    port = free_port()
+    problem = mlflow_unreachable(_settings(mlflow_tracking_uri=f"http://127.0.0.1:{port}/mlflow?x=1"))
+    assert problem == (f"cannot reach the MLflow tracking server at http://127.0.0.1:{port}/mlflow "
+                       "(connection refused): start it, or set SHOPSTREAM_MLFLOW_TRACKING_URI "
+                       "(unset: a local SQLite store)")
+    assert mlflow_unreachable(_settings(mlflow_tracking_uri=f"http://127.0.0.1:{listening}")) is None
+    # not servers: nothing to reach
+    assert mlflow_unreachable(_settings(mlflow_tracking_uri="sqlite:////tmp/x/mlflow.db")) is None
+    assert mlflow_unreachable(_settings()) is None
+    assert mlflow_unreachable(_settings(mlflow_tracking_uri="databricks")) is None
+    unknown = mlflow_unreachable(_settings(mlflow_tracking_uri="https://nohost.invalid"))
+    assert unknown is not None and unknown.startswith(
+        "cannot reach the MLflow tracking server at https://nohost.invalid:443 (unknown host)")
