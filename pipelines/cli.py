@@ -49,6 +49,15 @@ class UserError(Exception):
     """An error the user can fix; printed as one line without a traceback."""
 
 
+def _need_redis(settings: Settings, instead: str | None = None) -> None:
+    """Stop at once, in one line, when Redis does not answer a command that writes to it at
+    its end: ``backfill`` worked 40 s before its traceback, ``train`` fits every model first."""
+    from pipelines.connections import redis_unreachable
+
+    if (problem := redis_unreachable(settings)) is not None:
+        raise UserError(problem + (f" (or {instead})" if instead else ""))
+
+
 def load_settings() -> Settings:
     """Settings from the environment and ``.env``; a bad value is a one-line error naming it."""
     try:
@@ -331,6 +340,8 @@ def backfill(
     if source is not None and not source.is_file():
         raise UserError(f"--source: no such file: {source}")
     step = settings.feature_slide_seconds if every_slide else (every * 60 if every else None)
+    if materialize:
+        _need_redis(settings, "--no-materialize for the offline snapshots only")
     try:
         result = run_backfill(
             settings, since=parse_time("since", since), until=parse_time("until", until),
@@ -403,6 +414,8 @@ def train(
     options = TrainOptions(models=kinds, since=since, until=until, events=events,
                            register=register, publish=publish)
     configure_tracking(settings)
+    if register and publish:
+        _need_redis(settings, "--no-publish")
     provider = _train_feature_provider(settings) if features and events is None and "ltr" in kinds else None
     total = len(set(kinds) | {"popularity"}) + 2 + (2 if register else 0)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
@@ -480,6 +493,8 @@ def train_promote(
 
     settings = load_settings()
     configure_tracking(settings)
+    if publish:
+        _need_redis(settings, "--no-publish")
     try:
         old, new = promote_version(settings, version, publish=publish)
     except (LookupError, ValueError) as exc:
@@ -501,6 +516,8 @@ def train_rollback(
 
     settings = load_settings()
     configure_tracking(settings)
+    if publish:
+        _need_redis(settings, "--no-publish")
     try:
         old, new = rollback_champion(settings, publish=publish)
     except LookupError as exc:
@@ -521,6 +538,7 @@ def train_score(
 
     settings = load_settings()
     configure_tracking(settings)
+    _need_redis(settings)
     if version is None:
         champion = alias_version(MlflowClient(), settings.model_name, CHAMPION)
         if champion is None:
@@ -566,6 +584,7 @@ def verify(
         return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts
 
     settings = load_settings()
+    _need_redis(settings)  # it compares what the stream wrote there
     reports = run_verify(settings, sample=sample, since=parse(since), until=parse(until),
                          seed=seed, max_as_of=max_as_of)
     table = Table(title="online (stream) vs batch recomputation")

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.parametrize("command", [("verify",), ("backfill",)])
 def test_a_command_on_an_empty_offline_store_says_what_to_run(
-        command: tuple[str, ...], make_settings: Callable[..., Settings], tmp_path: Path) -> None:
+        command: tuple[str, ...], make_settings: Callable[..., Settings], tmp_path: Path,
+        redis_server: object) -> None:
     settings = make_settings(data_dir=str(tmp_path / "fresh"))
     result = _cli(settings, *command)
     assert result.returncode == 1, result.stdout + result.stderr

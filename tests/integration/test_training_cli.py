@@ -53,7 +53,8 @@ def test_train_on_online_retail_registers_publishes_and_rolls_back(
     assert redis_client.get(live_model_key()) == b"1"
 
 
-def test_train_without_events_says_what_is_missing(make_settings: Callable[..., Settings], tmp_path: Path) -> None:
+def test_train_without_events_says_what_is_missing(make_settings: Callable[..., Settings], tmp_path: Path,
+                                                  redis_server: Any) -> None:
     settings = make_settings(data_dir=str(tmp_path / "empty"))
     result = _cli(settings, "train", "--model", "popularity")
     assert result.returncode == 1

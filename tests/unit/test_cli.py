@@ -176,3 +176,25 @@ def test_train_with_its_tracking_server_down_is_one_line_at_once(command: list[s
         f"error: cannot reach the MLflow tracking server at http://127.0.0.1:{port} "
         "(connection refused): start it, or set SHOPSTREAM_MLFLOW_TRACKING_URI (unset: a local "
         "SQLite store)")
+
+
+@pytest.mark.parametrize(("command", "instead"), [
+    (["backfill"], " (or --no-materialize for the offline snapshots only)"),
+    (["verify"], ""),
+    (["train", "--model", "popularity", "--no-features"], " (or --no-publish)"),
+])
+def test_a_command_that_writes_redis_at_its_end_says_at_once_that_it_is_down(
+        command: list[str], instead: str, tmp_path: Path) -> None:
+    """``backfill`` computed for 40 s, then printed a redis-py traceback; ``train`` would fit
+    every model first."""
+    from tests.conftest import free_port
+
+    port = free_port()
+    result = _run(*command, env={"SHOPSTREAM_REDIS_URL": f"redis://127.0.0.1:{port}/0",
+                                 "SHOPSTREAM_MLFLOW_TRACKING_URI": "",
+                                 "SHOPSTREAM_RUN_DIR": str(tmp_path / "run"),
+                                 "SHOPSTREAM_DATA_DIR": str(tmp_path / "data")})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        f"error: cannot reach Redis at 127.0.0.1:{port} (connection refused): start it with "
+        f"`shopstream infra up` or set SHOPSTREAM_REDIS_URL{instead}")
