@@ -186,3 +186,32 @@ def test_sigterm_stops_generate_with_everything_it_counted_delivered(
     assert 200 <= sent < 400 * 300
     assert re.search(r"delivery failures\W+0\b", out), out[-3000:]
     assert len(_read_all(topic_settings, topic, sent)) == sent  # all of them, no more
+
+
+def test_kafka_gone_before_the_sink_closes_counts_what_it_held_without_raising(
+        make_settings: Callable[..., Settings], tmp_path: Any) -> None:
+    """``generate`` with its broker killed mid-run ended, 2 min 42 s later, in a
+    ``KafkaTimeoutError`` traceback from the producer's close (which flushes again), past the
+    summary of what was not delivered, and once more from the producer's ``__del__``."""
+    from pipelines.infra import KafkaBroker
+    from pipelines.producer import KafkaSink
+    from tests.conftest import free_port
+
+    settings = make_settings(kafka_bootstrap_servers=f"127.0.0.1:{free_port()}",
+                             kafka_controller_port=free_port(), run_dir=str(tmp_path / "run"),
+                             kafka_topic_events="gone.events")
+    broker = KafkaBroker(settings)
+    broker.start()
+    try:
+        sink = KafkaSink(settings)
+        sink.send_batch([(b"u1", b'{"n": 1}')])
+        assert sink.close() == (0, None)  # delivered
+        sink = KafkaSink(settings)
+        sink.FLUSH_TIMEOUT_S = 2.0
+        broker.stop()
+        sink.send_batch([(f"u{i}".encode(), b'{"n": 2}') for i in range(50)])
+        failed, error = sink.close()  # no exception: the records are counted instead
+        assert failed == 50 and error is not None
+        assert sink._producer._closed  # noqa: SLF001 - its __del__ will not flush again
+    finally:
+        broker.stop()
