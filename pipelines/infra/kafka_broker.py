@@ -19,7 +19,7 @@ from typing import Any
 
 from pipelines.connections import kafka_admin, kafka_unreachable
 from pipelines.infra.jars import kafka_broker_jars
-from pipelines.infra.process import ManagedProcess, ensure_ports_free, wait_until
+from pipelines.infra.process import ManagedProcess, ensure_ports_free, log_size, wait_until
 from pipelines.settings import Settings
 
 __all__ = ["KafkaBroker", "TopicInfo"]
@@ -133,6 +133,7 @@ class KafkaBroker:
 
     def start(self, timeout: float = 90.0) -> None:
         """Start the broker (no-op when it is already running) and create the topics."""
+        log_from = log_size(self.home / "kafka.log")
         if self.process.is_running():
             log.info("kafka already running (pid %s) on %s", self.process.pid, self.address)
         else:
@@ -149,7 +150,7 @@ class KafkaBroker:
             log.info("kafka starting (pid %s) on %s", pid, self.address)
         wait_until(
             self._ready, timeout=timeout, what=f"Kafka broker on {self.address}",
-            alive=self.process.is_running, log_file=self.home / "kafka.log",
+            alive=self.process.is_running, log_file=self.home / "kafka.log", log_from=log_from,
         )
         self.ensure_topics()
 

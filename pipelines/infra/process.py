@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["ManagedProcess", "wait_until", "StartupError", "pid_alive", "ensure_ports_free"]
+__all__ = ["ManagedProcess", "wait_until", "StartupError", "pid_alive", "ensure_ports_free",
+           "log_size"]
 
 T = TypeVar("T")
 
@@ -34,6 +35,7 @@ def wait_until(
     interval: float = 0.1,
     alive: Callable[[], bool] | None = None,
     log_file: Path | None = None,
+    log_from: int = 0,
 ) -> T:
     """Call ``probe`` until it returns a truthy value (exceptions count as "not yet").
 
@@ -52,7 +54,7 @@ def wait_until(
             last_error = exc
         hint = f"; see {log_file}" if log_file else ""
         if alive is not None and not alive():
-            reason = _reason_in_log(log_file) if log_file else None
+            reason = _reason_in_log(log_file, log_from) if log_file else None
             raise StartupError(f"{what} exited during startup"
                                + (f" ({reason})" if reason else "") + hint)
         if time.monotonic() > deadline:
@@ -66,12 +68,22 @@ _FAILURE = re.compile(r"already in use|error|exception|fail|could not|cannot|den
                       re.IGNORECASE)
 
 
-def _reason_in_log(log_file: Path, chars: int = 64_000) -> str | None:
-    """The server's own last line of complaint (``bind: Address already in use``), so the
-    error says why without opening the log; ``None`` when it wrote none."""
+def log_size(log_file: Path) -> int:
+    """Where a log that a server appends to ends now: what it writes from its next start on
+    comes after (``wait_until``'s ``log_from``), so an earlier run's complaint is not taken
+    for this one's."""
+    try:
+        return log_file.stat().st_size
+    except OSError:
+        return 0
+
+
+def _reason_in_log(log_file: Path, log_from: int = 0, chars: int = 64_000) -> str | None:
+    """The server's own last line of complaint (``bind: Address already in use``) since
+    ``log_from``, so the error says why without opening the log; ``None`` when it wrote none."""
     try:
         with open(log_file, "rb") as log:
-            log.seek(max(0, log.seek(0, os.SEEK_END) - chars))
+            log.seek(max(log_from, log.seek(0, os.SEEK_END) - chars))
             lines = log.read().decode("utf-8", "replace").splitlines()
     except OSError:
         return None

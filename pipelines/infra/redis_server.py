@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.connections import redis_client, redis_unreachable
-from pipelines.infra.process import ManagedProcess, ensure_ports_free, wait_until
+from pipelines.infra.process import ManagedProcess, ensure_ports_free, log_size, wait_until
 from pipelines.settings import Settings
 
 __all__ = ["RedisServer", "redis_server_binary"]
@@ -87,6 +87,7 @@ class RedisServer:
         return "\n".join(lines) + "\n"
 
     def start(self, timeout: float = 30.0) -> None:
+        log_from = log_size(self.home / "redis.log")
         if self.process.is_running():
             log.info("redis already running (pid %s) on %s", self.process.pid, self.address)
         else:
@@ -100,7 +101,7 @@ class RedisServer:
             log.info("redis starting (pid %s) on %s", pid, self.address)
         wait_until(
             self._ping, timeout=timeout, what=f"redis-server on {self.address}",
-            alive=self.process.is_running, log_file=self.home / "redis.log",
+            alive=self.process.is_running, log_file=self.home / "redis.log", log_from=log_from,
         )
 
     def _ping(self) -> bool:

@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from pipelines.infra.process import ManagedProcess, ensure_ports_free, wait_until
+from pipelines.infra.process import ManagedProcess, ensure_ports_free, log_size, wait_until
 from pipelines.settings import Settings
 
 __all__ = ["SparkStandalone", "spark_home"]
@@ -80,6 +80,7 @@ class SparkStandalone:
         s = self.settings
         self.home.mkdir(parents=True, exist_ok=True)
         env = self._env()
+        master_log, worker_log = log_size(self.master.log_file), log_size(self.worker.log_file)
         if not self.master.is_running():
             # Spark would bind the next port instead, and the worker look for it on this one
             ensure_ports_free("the Spark master", [(self.host, s.spark_standalone_port)],
@@ -92,7 +93,8 @@ class SparkStandalone:
                               env=env, cwd=self.home)
             log.info("spark master starting on %s", self.master_url)
         wait_until(self._master_state, timeout=timeout, what=f"Spark master {self.master_url}",
-                   alive=self.master.is_running, log_file=self.master.log_file)
+                   alive=self.master.is_running, log_file=self.master.log_file,
+                   log_from=master_log)
         if not self.worker.is_running():
             self.worker.start([self._spark_class(), "org.apache.spark.deploy.worker.Worker",
                                self.master_url, "--host", self.host,
@@ -104,7 +106,8 @@ class SparkStandalone:
             log.info("spark worker starting (%d cores, %s)", s.spark_standalone_worker_cores,
                      s.spark_standalone_worker_memory)
         wait_until(self._worker_alive, timeout=timeout, what="Spark worker registration",
-                   alive=self.worker.is_running, log_file=self.worker.log_file)
+                   alive=self.worker.is_running, log_file=self.worker.log_file,
+                   log_from=worker_log)
 
     def _master_state(self) -> dict[str, Any] | None:
         with urllib.request.urlopen(f"{self.ui_url}/json/", timeout=2) as response:  # noqa: S310

@@ -65,6 +65,13 @@ def test_a_server_that_exits_during_startup_gives_its_own_reason(tmp_path: Path)
     with pytest.raises(StartupError, match=r"exited during startup \(FATAL: invalid value for "
                                            r"parameter tls-port\); see "):
         wait_until(lambda: False, timeout=30, what="x", alive=lambda: False, log_file=log)
+    before = log.stat().st_size  # an earlier run's complaint is not this one's
+    with open(log, "a") as more:
+        more.write("starting again\nbye\n")
+    with pytest.raises(StartupError) as again:
+        wait_until(lambda: False, timeout=30, what="x", alive=lambda: False, log_file=log,
+                   log_from=before)
+    assert str(again.value) == f"x exited during startup; see {log}"
     log.write_text("starting\nbye\n")  # nothing said: the log is named, nothing made up
     with pytest.raises(StartupError) as quiet:
         wait_until(lambda: False, timeout=30, what="x", alive=lambda: False, log_file=log)
