@@ -172,6 +172,9 @@ _warned: list[bool] = []
 class KafkaSink:
     """kafka-python producer on ``topic`` with delivery tracking."""
 
+    FLUSH_TIMEOUT_S = 120.0
+    """How long :meth:`close` waits for acknowledgements (the producer's delivery timeout)."""
+
     def __init__(self, settings: Settings, topic: str | None = None) -> None:
         self.topic = topic or settings.kafka_topic_events
         self.description = f"Kafka topic {self.topic} at {settings.kafka_bootstrap_servers}"
@@ -261,9 +264,6 @@ class KafkaSink:
             if left:
                 self._pending.insert(0, left)
                 break
-
-    FLUSH_TIMEOUT_S = 120.0
-    """How long :meth:`close` waits for acknowledgements (the producer's delivery timeout)."""
 
     def close(self) -> tuple[int, str | None]:
         try:

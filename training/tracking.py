@@ -31,6 +31,7 @@ import mlflow
 import pandas as pd
 from mlflow.data.meta_dataset import MetaDataset
 
+from pipelines.connections import Unreachable, mlflow_unreachable
 from pipelines.settings import Settings
 from training.data import DataSource, Split
 from training.evaluate import ModelResult
@@ -65,8 +66,6 @@ def configure_tracking(settings: Settings) -> str:
     # MLflow draws a tqdm bar for every model it copies while validating an input
     # example; in a CLI with its own progress display (and in logs) that is noise.
     os.environ.setdefault(MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR.name, "false")
-    from pipelines.connections import Unreachable, mlflow_unreachable
-
     if (problem := mlflow_unreachable(settings)) is not None:
         raise Unreachable(problem)
     uri = settings.tracking_uri
