@@ -25,6 +25,7 @@ from rich.logging import RichHandler
 from rich.markup import escape
 from rich.table import Table
 
+from pipelines.log_repeats import CollapseRepeats
 from pipelines.settings import ENV_PREFIX, Settings
 
 __all__ = ["app", "main", "load_settings", "UserError"]
@@ -83,6 +84,7 @@ def _root(
     )
     for handler in logging.getLogger().handlers:
         handler.addFilter(drop_py4j_interrupt_traceback)
+        handler.addFilter(CollapseRepeats(("kafka",), tracebacks=verbose))  # while Kafka is away
     for noisy in ("kafka", "py4j", "urllib3", "feast", "alembic", "mlflow.store"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
@@ -244,6 +246,7 @@ def stream(
 
     from pipelines.stream import CheckpointTopicError, StreamFailed, StreamOptions, run_stream
     from pipelines.streaming.dedup import DedupSettingError
+    from pipelines.streaming.realtime import SlotsError
 
     settings = load_settings()
     if mode is not None:
@@ -287,7 +290,7 @@ def stream(
         with checkpoint_lock(settings.run_path, checkpoint,
                              wait_seconds=settings.stream_stop_grace_seconds + 30):
             recorder = run_stream(settings, options, stop_session=True, stop_on_signals=True)
-    except (CheckpointBusy, DedupSettingError, CheckpointTopicError) as exc:
+    except (CheckpointBusy, DedupSettingError, CheckpointTopicError, SlotsError) as exc:
         raise UserError(str(exc)) from exc
     except StreamFailed as exc:
         if _state["debug"]:

@@ -174,9 +174,14 @@ class KafkaSink:
 
     FLUSH_TIMEOUT_S = 120.0
     """How long :meth:`close` waits for acknowledgements (the producer's delivery timeout)."""
+    WAIT_STATUS_EVERY_S = 10.0
+    """While :meth:`close` waits for Kafka, a status line this often: with the broker gone
+    the wait is the full delivery timeout, and it was two silent minutes but for
+    kafka-python's connection errors."""
 
     def __init__(self, settings: Settings, topic: str | None = None) -> None:
         self.topic = topic or settings.kafka_topic_events
+        self._settings = settings
         self.description = f"Kafka topic {self.topic} at {settings.kafka_bootstrap_servers}"
         if (problem := kafka_unreachable(settings)) is not None:
             raise DeliveryError(problem)  # at once, without kafka-python's bootstrap retries
@@ -265,12 +270,38 @@ class KafkaSink:
                 self._pending.insert(0, left)
                 break
 
+    def unacknowledged(self) -> int:
+        """Records sent whose delivery is not settled yet (acknowledged or failed)."""
+        return sum(not f.is_done for futures in self._pending for f in futures)
+
+    def _flush(self) -> None:
+        """Flush within ``FLUSH_TIMEOUT_S``, saying every ``WAIT_STATUS_EVERY_S`` what it
+        waits for and, when no bootstrap server answers, why."""
+        started, told = time.monotonic(), None
+        while True:
+            waited = time.monotonic() - started
+            try:
+                self._producer.flush(timeout=max(0.0, min(self.WAIT_STATUS_EVERY_S,
+                                                          self.FLUSH_TIMEOUT_S - waited)))
+                return
+            except KafkaTimeoutError as exc:
+                waited = time.monotonic() - started
+                if waited >= self.FLUSH_TIMEOUT_S:
+                    log.error("flush failed: %s", exc)
+                    self._first_error = self._first_error or repr(exc)
+                    return
+                problem = kafka_unreachable(self._settings)
+                why = "" if problem is None else ": still unreachable" if problem == told else f": {problem}"
+                told = problem
+                log.warning("waiting for Kafka to acknowledge %s records (%.0f s of %.0f s)%s",
+                            f"{self.unacknowledged():,}", waited, self.FLUSH_TIMEOUT_S, why)
+            except KafkaError as exc:
+                log.error("flush failed: %s", exc)
+                self._first_error = self._first_error or repr(exc)
+                return
+
     def close(self) -> tuple[int, str | None]:
-        try:
-            self._producer.flush(timeout=self.FLUSH_TIMEOUT_S)
-        except KafkaError as exc:
-            log.error("flush failed: %s", exc)
-            self._first_error = self._first_error or repr(exc)
+        self._flush()
         for futures in self._pending:
             # Anything still not done after the flush is undelivered.
             left = len(self._check(futures))
@@ -367,6 +398,7 @@ class ParallelKafkaSink:
         import multiprocessing
 
         self.topic = topic or settings.kafka_topic_events
+        self._settings = settings
         self.description = (
             f"Kafka topic {self.topic} at {settings.kafka_bootstrap_servers} ({processes} producer processes)"
         )

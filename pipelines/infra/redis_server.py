@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pipelines.connections import redis_client, redis_unreachable
 from pipelines.infra.process import ManagedProcess, ensure_ports_free, log_size, wait_until
@@ -123,7 +123,7 @@ class RedisServer:
             info.update(
                 healthy=bool(client.ping()),
                 keys=client.dbsize(),
-                used_memory=client.info("memory").get("used_memory_human"),
+                used_memory=cast(dict[str, Any], client.info("memory")).get("used_memory_human"),
             )
             client.close()
         except Exception as exc:  # noqa: BLE001 - status reports, never raises

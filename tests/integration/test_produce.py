@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import logging
+import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -189,10 +191,11 @@ def test_sigterm_stops_generate_with_everything_it_counted_delivered(
 
 
 def test_kafka_gone_before_the_sink_closes_counts_what_it_held_without_raising(
-        make_settings: Callable[..., Settings], tmp_path: Any) -> None:
+        make_settings: Callable[..., Settings], tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
     """``generate`` with its broker killed mid-run ended, 2 min 42 s later, in a
     ``KafkaTimeoutError`` traceback from the producer's close (which flushes again), past the
-    summary of what was not delivered, and once more from the producer's ``__del__``."""
+    summary of what was not delivered, and once more from the producer's ``__del__``. The
+    wait said nothing of its own; now a status line says what it waits for and why."""
     from pipelines.infra import KafkaBroker
     from pipelines.producer import KafkaSink
     from tests.conftest import free_port
@@ -207,11 +210,17 @@ def test_kafka_gone_before_the_sink_closes_counts_what_it_held_without_raising(
         sink.send_batch([(b"u1", b'{"n": 1}')])
         assert sink.close() == (0, None)  # delivered
         sink = KafkaSink(settings)
-        sink.FLUSH_TIMEOUT_S = 2.0
+        sink.FLUSH_TIMEOUT_S, sink.WAIT_STATUS_EVERY_S = 2.0, 0.5
         broker.stop()
         sink.send_batch([(f"u{i}".encode(), b'{"n": 2}') for i in range(50)])
-        failed, error = sink.close()  # no exception: the records are counted instead
+        with caplog.at_level(logging.WARNING, logger="pipelines.producer"):
+            failed, error = sink.close()  # no exception: the records are counted instead
         assert failed == 50 and error is not None
+        waits = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for Kafka")]
+        assert 2 <= len(waits) <= 4, waits  # one every 0.5 s of the 2 s
+        address = settings.kafka_bootstrap_servers
+        assert re.match(r"waiting for Kafka to acknowledge 50 records \(\d s of 2 s\): "
+                        rf"cannot reach Kafka at {re.escape(address)} \(connection refused\)", waits[0]), waits
         assert sink._producer._closed  # noqa: SLF001 - its __del__ will not flush again
     finally:
         broker.stop()
