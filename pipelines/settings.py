@@ -523,6 +523,13 @@ class Settings(BaseSettings):
                 cfg["sasl_plain_password"] = self.kafka_sasl_password.get_secret_value()
         return cfg
 
+    @property
+    def kafka_outage_seconds(self) -> float:
+        """How long the stream rides out a Kafka outage: Spark's source makes
+        ``stream_kafka_attempts`` attempts of ``stream_kafka_timeout_seconds`` (and a second
+        between them); the Real-time tile feed waits as long."""
+        return self.stream_kafka_attempts * (self.stream_kafka_timeout_seconds + 1.0)
+
     def spark_kafka_source_options(self) -> dict[str, str]:
         """:meth:`spark_kafka_options` plus how long the stream's source waits out an outage."""
         timeout_ms = int(self.stream_kafka_timeout_seconds * 1000)

@@ -96,6 +96,7 @@ __all__ = [
     "CheckpointTopicError",
     "check_checkpoint_topic",
     "is_redis_outage",
+    "is_kafka_outage",
     "redis_outage_of",
 ]
 
@@ -312,6 +313,14 @@ def is_redis_outage(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return any(marker in text for marker in _REDIS_OUTAGE_MARKERS)
+
+
+def is_kafka_outage(exc: BaseException) -> bool:
+    """True when a kafka-python client's failure is Kafka being unreachable or not ready
+    (refused or lost connections, timeouts, no coordinator): errors worth a retry."""
+    from kafka.errors import KafkaError
+
+    return isinstance(exc, KafkaError) and exc.retriable
 
 
 def redis_outage_of(future: Future[Any]) -> BaseException | None:

@@ -35,14 +35,16 @@ import sys
 import time
 from typing import Any
 
+from pipelines.log_repeats import CollapseRepeats
 from pipelines.settings import Settings
+from pipelines.stream import StreamFailed
 
 __all__ = ["FeedProcess", "FeedProcessFailed", "main"]
 
 log = logging.getLogger(__name__)
 
 
-class FeedProcessFailed(RuntimeError):
+class FeedProcessFailed(StreamFailed):
     """A tile feed's process stopped on its own, with an error or unexpectedly."""
 
 
@@ -151,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO,
                         format=f"%(asctime)s [tile feed #{args.index}] %(levelname)s %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:  # as the driver's: while Kafka is away
+        handler.addFilter(CollapseRepeats(("kafka",)))
     die_with_parent()
     settings = Settings()
     started = time.monotonic()

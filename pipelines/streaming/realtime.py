@@ -77,7 +77,7 @@ from features.windows import LONG_WINDOW, WINDOW_SECONDS
 from pipelines.redis_batch import CommandBatch, as_dict
 from pipelines.settings import Settings
 from pipelines.spark import STREAM_POOL, quiet_loggers, scheduler_pool
-from pipelines.stream import is_redis_outage
+from pipelines.stream import StreamFailed, is_kafka_outage, is_redis_outage
 from pipelines.stream_metrics import REALTIME_QUERY_NAME
 from pipelines.stream_state import DIRTY_TTL_SECONDS, dirty_key
 from pipelines.streaming.heap import GcPauses, HeapFreezer, YoungThreshold
@@ -114,6 +114,7 @@ __all__ = [
     "rt_snapshot_keys",
     "required_slots",
     "check_slots",
+    "SlotsError",
 ]
 
 log = logging.getLogger(__name__)
@@ -639,7 +640,7 @@ class TileFeed:
 
     def check(self) -> None:
         if self._error is not None:
-            raise RuntimeError(f"real-time tile feed failed: {self._error}") from self._error
+            raise StreamFailed(f"real-time tile feed failed: {self._error}") from self._error
 
     def stop(self, timeout_s: float = 120.0) -> None:
         """Write what the topic holds, then stop."""
@@ -657,7 +658,7 @@ class TileFeed:
     def _run(self) -> None:
         from kafka import TopicPartition
 
-        from pipelines.connections import kafka_consumer
+        from pipelines.connections import kafka_consumer, kafka_unreachable
 
         consumer = kafka_consumer(self.settings, group_id=FEED_GROUP,
                                   max_partition_fetch_bytes=FETCH_PARTITION_BYTES)
@@ -682,6 +683,7 @@ class TileFeed:
             self.writer.connect()
             last_report = last_commit = time.monotonic()
             uncommitted = False
+            kafka = _KafkaOutage(self.settings, self.index)
 
             def commit() -> None:
                 nonlocal last_commit, uncommitted
@@ -696,6 +698,19 @@ class TileFeed:
                              "not written is applied after the next start", self.index)
                     break
                 try:
+                    if kafka.down_since is not None:  # back? then replay from the last commit
+                        if (problem := kafka_unreachable(self.settings)) is not None:
+                            # no client call until the broker accepts a connection: a call
+                            # sent earlier waits out its timeout (the feed came back 65 s
+                            # after Kafka did) and logs each of kafka-python's retries
+                            if self._stop.is_set():
+                                kafka.stopped()
+                                break
+                            kafka.down(problem)
+                            time.sleep(1.0)
+                            continue
+                        self._rewind(consumer, tps)
+                        kafka.back()
                     cycle = time.monotonic()
                     polled = consumer.poll(timeout_ms=POLL_MS, max_records=MAX_FLUSH_ROWS)
                     records = [r for part in polled.values() for r in part]
@@ -725,6 +740,14 @@ class TileFeed:
                         last_report = time.monotonic()
                     outage_since = None
                 except Exception as exc:
+                    if is_kafka_outage(exc):
+                        if self._stop.is_set():
+                            kafka.stopped()
+                            break
+                        kafka.down(exc)  # raises once it has lasted too long
+                        uncommitted = False  # what was written since the commit is replayed
+                        time.sleep(1.0)
+                        continue
                     if not is_redis_outage(exc):
                         raise
                     outage_since = outage_since or time.monotonic()
@@ -792,6 +815,52 @@ class TileFeed:
                 consumer.seek_to_beginning(tp)
             else:
                 consumer.seek(tp, committed)
+
+
+class _KafkaOutage:
+    """A tile feed's view of a Kafka outage: told once when it begins, then every
+    ``KAFKA_OUTAGE_REPORT_S``; given up (the error raised) after
+    ``Settings.kafka_outage_seconds``, as long as Spark's source of the query rides one
+    out. The feed replays from its last commit when Kafka is back: full tiles, which
+    rewrite the same values."""
+
+    def __init__(self, settings: Settings, index: int) -> None:
+        self.settings, self.index = settings, index
+        self.down_since: float | None = None
+        self._told = 0.0
+
+    def down(self, cause: BaseException | str) -> None:
+        """Note the outage (its first line, then every ``KAFKA_OUTAGE_REPORT_S``); raise
+        ``cause`` (or a :class:`StreamFailed` of it) once it has lasted the bound."""
+        now = time.monotonic()
+        bound = self.settings.kafka_outage_seconds
+        reason = str(cause).splitlines()[0][:300]
+        if self.down_since is None:
+            self.down_since = self._told = now
+            log.warning("real-time tile feed #%d: Kafka unreachable (%s); retrying for up to %.0f s "
+                        "(SHOPSTREAM_STREAM_KAFKA_ATTEMPTS x _KAFKA_TIMEOUT_SECONDS)",
+                        self.index, reason, bound)
+        elif now - self.down_since > bound:
+            if isinstance(cause, BaseException):
+                raise cause
+            raise StreamFailed(f"Kafka unreachable for {now - self.down_since:.0f} s: {reason}")
+        elif now - self._told >= KAFKA_OUTAGE_REPORT_S:
+            self._told = now
+            log.warning("real-time tile feed #%d: Kafka still unreachable after %.0f s of %.0f s (%s)",
+                        self.index, now - self.down_since, bound, reason)
+
+    def stopped(self) -> None:
+        log.warning("real-time tile feed #%d: stopped while Kafka is unreachable; the tiles it "
+                    "has not committed are applied after the next start", self.index)
+
+    def back(self) -> None:
+        log.info("real-time tile feed #%d: Kafka is back after %.0f s; replaying the tiles since "
+                 "its last commit", self.index, time.monotonic() - (self.down_since or 0.0))
+        self.down_since = None
+
+
+KAFKA_OUTAGE_REPORT_S = 30.0
+"""While Kafka is away, a tile feed says so this often."""
 
 
 FEED_GROUP = f"{QUERY_NAME}-feed"
@@ -1026,6 +1095,10 @@ def required_slots(settings: Settings) -> int:
     return settings.kafka_topic_partitions + 2
 
 
+class SlotsError(RuntimeError):
+    """The Spark master has fewer task slots than the Real-time query holds at once."""
+
+
 def check_slots(spark: SparkSession, settings: Settings) -> None:
     """Fail early, with the fix, when the cluster cannot hold both queries' tasks."""
     slots = spark.sparkContext.defaultParallelism
@@ -1035,7 +1108,7 @@ def check_slots(spark: SparkSession, settings: Settings) -> None:
         slots = (os.cpu_count() or 1) if inner == "*" else int(inner)
     need = required_slots(settings)
     if slots < need:
-        raise RuntimeError(
+        raise SlotsError(
             f"Real-time Mode needs {need} concurrent task slots ({settings.kafka_topic_partitions} "
             f"Kafka partitions + 2 stateful stages, all at once) but "
             f"{master} has {slots}; Spark would fail with "

@@ -971,3 +971,20 @@ def test_real_time_mode_killed_twice_mid_stream_gives_the_same_results(
 def _committed(commits: Path) -> int:
     """Batches (epochs) a query's checkpoint marks done."""
     return sum(1 for f in commits.iterdir() if f.name.isdigit()) if commits.exists() else 0
+
+
+def test_too_few_task_slots_for_real_time_mode_is_one_line_naming_the_setting(
+    make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any, tmp_path: Path,
+) -> None:
+    """``shopstream stream --mode realtime`` on the default ``local[2]`` ended in a
+    ``RuntimeError`` traceback (its message had the fix, 30 lines down)."""
+    settings = _realtime_settings(make_settings, tmp_path, "rtslots")
+    settings = settings.model_copy(update={"spark_master": "local[2]"})
+    job = subprocess.run([sys.executable, "-m", "pipelines.cli", "stream", "--until-idle", "5"],
+                         cwd=REPO, env=_env(settings), capture_output=True, text=True, timeout=300)
+    said = " ".join(job.stderr.split())
+    assert job.returncode == 2, said[-3000:]
+    assert "Traceback" not in job.stderr, said[-3000:]
+    need = settings.kafka_topic_partitions + 2
+    assert f"error: Real-time Mode needs {need} concurrent task slots" in said, said[-3000:]
+    assert f"Set SHOPSTREAM_SPARK_MASTER=local[{need}]" in said, said[-3000:]

@@ -264,3 +264,83 @@ def test_a_stream_that_outlasts_its_kafka_attempts_stops_in_one_line_and_resumes
     finally:
         again.stop()
     check_stores(spark, settings, expected_outcome(first + second))
+
+
+def test_real_time_mode_rides_out_a_kafka_outage_while_tiles_flow(
+        own_broker: tuple[Settings, KafkaBroker], redis_client: Any, spark: Any,
+        tmp_path: Path) -> None:
+    """Real-time Mode's tile feeds met a Kafka outage with their next offset commit and
+    failed at once (KafkaConnectionError: 111 ECONNREFUSED), and the driver stopped with a
+    traceback; the micro-batch job rides out the same outage. Now each feed waits as long
+    as Spark's source does, says so, and replays from its last commit when Kafka is back.
+    The events keep coming throughout (the producer holds them while the broker is down),
+    so the feeds are writing tiles when it goes."""
+    import signal
+    import threading
+
+    from pipelines.streaming.realtime import required_slots, rt_clock_key
+
+    settings, broker = own_broker
+    settings = settings.model_copy(update={
+        "stream_mode": "realtime", "stream_realtime_checkpoint_seconds": 5,
+        "stream_realtime_feeds": 2, "stream_realtime_offline_trigger_seconds": 10.0})
+    settings = settings.model_copy(update={"spark_master": f"local[{required_slots(settings)}]"})
+    first, second = _chunks()
+    produce(settings, first[:200])
+    rest = first[200:]
+    sent = [0]
+
+    def keep_sending() -> None:
+        """About 100 events/s through the outage: one producer, which holds what the broker
+        cannot take and delivers it once back (idempotent: its retries add no copies)."""
+        from kafka.partitioner.default import murmur2
+
+        from pipelines.connections import kafka_producer
+
+        producer = kafka_producer(settings)
+        try:
+            partitions = sorted(producer.partitions_for(settings.kafka_topic_events))
+            for n, r in enumerate(rest, start=1):
+                partition = (None if r.route is None
+                             else partitions[(murmur2(r.route) & 0x7FFFFFFF) % len(partitions)])
+                producer.send(settings.kafka_topic_events, key=r.key, value=r.value,
+                              timestamp_ms=r.ts_ms, partition=partition)
+                sent[0] = n
+                if n % 25 == 0:
+                    time.sleep(0.25)
+            producer.flush(timeout=240)
+        finally:
+            producer.close(timeout=10)
+
+    log = tmp_path / "stream.log"
+    job = CliProcess(settings, ["stream"], log)
+    sender = threading.Thread(target=keep_sending, daemon=True)
+    try:
+        wait_for(lambda: redis_client.exists(rt_clock_key()), timeout=CATCH_UP_BOUND_S,
+                 what="the feed's first tiles", alive=job.alive)
+        sender.start()
+        wait_for(lambda: sent[0] >= len(rest) // 3, timeout=120, what="a third of the events sent")
+        broker.stop()
+        time.sleep(DOWN_S + 12)
+        assert job.alive(), log.read_text()[-3000:]
+        broker.start()
+        sender.join(timeout=300)
+        assert not sender.is_alive(), "the producer did not deliver the rest within 300 s"
+        produce(settings, second)
+        said = lambda: " ".join(log.read_text().split())  # noqa: E731 - the console wraps lines
+        wait_for(lambda: "Kafka is back after" in said(), timeout=120,
+                 what="a feed back after the outage", alive=job.alive)
+        time.sleep(5)
+        os.kill(job.pid, signal.SIGTERM)  # the driver only, as `kill <pid>` (its JVM stops with it)
+        assert job.wait(timeout=300) == 0, said()[-3000:]
+    finally:
+        if job.alive():
+            job.kill()
+    logged = " ".join(log.read_text().split())
+    assert "Kafka unreachable (KafkaConnectionError" in logged, logged[-3000:]
+    assert "retrying for up to 183 s (SHOPSTREAM_STREAM_KAFKA_ATTEMPTS" in logged
+    assert "tile feed failed" not in logged and "Traceback" not in logged, logged[-3000:]
+
+    again = CliProcess(settings, ["stream", "--until-idle", "12"], tmp_path / "again.log")
+    assert again.wait(timeout=900) == 0, (tmp_path / "again.log").read_text()[-3000:]
+    check_stores(spark, settings, expected_outcome(first + second))

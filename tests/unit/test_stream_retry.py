@@ -118,3 +118,60 @@ def test_until_idle_waits_past_the_next_trigger(idle: float, trigger: float, wai
     from pipelines.stream import idle_wait_seconds
 
     assert idle_wait_seconds(idle, trigger) == wait
+
+
+@pytest.mark.parametrize("error", [
+    "KafkaConnectionError", "KafkaTimeoutError", "NodeNotReadyError", "RequestTimedOutError",
+    "CoordinatorNotAvailableError", "NotCoordinatorError",
+])
+def test_kafka_unreachable_or_not_ready_is_an_outage(error: str) -> None:
+    import kafka.errors
+
+    from pipelines.stream import is_kafka_outage
+
+    assert is_kafka_outage(getattr(kafka.errors, error)("111 ECONNREFUSED"))
+
+
+@pytest.mark.parametrize("error", [
+    "CommitFailedError", "TopicAuthorizationFailedError", "SaslAuthenticationFailedError",
+])
+def test_kafka_failures_a_retry_cannot_mend_are_not(error: str) -> None:
+    import kafka.errors
+
+    from pipelines.stream import is_kafka_outage
+
+    assert not is_kafka_outage(getattr(kafka.errors, error)("refused"))
+    assert not is_kafka_outage(ConnectionRefusedError(111, "Connection refused"))  # Redis's
+
+
+def test_a_tile_feed_waits_out_kafka_as_long_as_the_source_then_fails_with_the_cause(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import time
+
+    from kafka.errors import KafkaConnectionError
+
+    from pipelines.stream import StreamFailed
+    from pipelines.streaming.realtime import _KafkaOutage
+
+    settings = Settings(_env_file=None, stream_kafka_attempts=2, stream_kafka_timeout_seconds=0.1)
+    assert settings.kafka_outage_seconds == pytest.approx(2.2)  # 2 x (0.1 s + 1 s)
+    outage = _KafkaOutage(settings, index=1)
+    cause = KafkaConnectionError("111 ECONNREFUSED")
+    with caplog.at_level("INFO", logger="pipelines.streaming.realtime"):
+        outage.down(cause)
+        outage.down("cannot reach Kafka at 127.0.0.1:9 (connection refused)")  # within the bound
+        outage.back()
+        outage.down(cause)  # a new outage: its own bound
+        time.sleep(2.3)
+        with pytest.raises(KafkaConnectionError):
+            outage.down(cause)
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0] == ("real-time tile feed #1: Kafka unreachable (KafkaConnectionError: 111 "
+                       "ECONNREFUSED); retrying for up to 2 s (SHOPSTREAM_STREAM_KAFKA_ATTEMPTS x "
+                       "_KAFKA_TIMEOUT_SECONDS)")
+    assert len(said) == 3 and said[1].startswith("real-time tile feed #1: Kafka is back after 0 s")
+    late = _KafkaOutage(settings, index=0)
+    late.down(cause)
+    time.sleep(2.3)
+    with pytest.raises(StreamFailed, match=r"Kafka unreachable for 2 s: cannot reach Kafka at"):
+        late.down("cannot reach Kafka at 127.0.0.1:9 (connection refused)")
