@@ -398,7 +398,6 @@ class ParallelKafkaSink:
         import multiprocessing
 
         self.topic = topic or settings.kafka_topic_events
-        self._settings = settings
         self.description = (
             f"Kafka topic {self.topic} at {settings.kafka_bootstrap_servers} ({processes} producer processes)"
         )
