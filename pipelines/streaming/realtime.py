@@ -662,7 +662,6 @@ class TileFeed:
 
         consumer = kafka_consumer(self.settings, group_id=FEED_GROUP,
                                   max_partition_fetch_bytes=FETCH_PARTITION_BYTES)
-        outage_since: float | None = None
         heap = HeapFreezer(self.settings.stream_realtime_gc_freeze_seconds)
         young = YoungThreshold(self.settings.stream_realtime_gc_young_threshold)
         pauses = GcPauses()
@@ -683,11 +682,14 @@ class TileFeed:
             self.writer.connect()
             last_report = last_commit = time.monotonic()
             uncommitted = False
-            kafka = _KafkaOutage(self.settings, self.index)
+            kafka = _Outage.of_kafka(self.settings, self.index)
+            redis_out = _Outage.of_redis(self.settings, self.index)
+
+            replay = False  # seek back to the last commit before the next poll
 
             def commit() -> None:
                 nonlocal last_commit, uncommitted
-                consumer.commit()
+                consumer.commit(timeout_ms=KAFKA_CALL_MS)
                 last_commit, uncommitted = time.monotonic(), False
 
             while True:
@@ -709,7 +711,10 @@ class TileFeed:
                             kafka.down(problem)
                             time.sleep(1.0)
                             continue
+                        replay = True
+                    if replay:  # after an outage of either: a Kafka call, handled below
                         self._rewind(consumer, tps)
+                        replay = False
                         kafka.back()
                     cycle = time.monotonic()
                     polled = consumer.poll(timeout_ms=POLL_MS, max_records=MAX_FLUSH_ROWS)
@@ -719,6 +724,7 @@ class TileFeed:
                         for record in records:
                             self.writer.add(orjson.loads(record.value), record.timestamp / 1000)
                         self.writer.flush()
+                        redis_out.back()
                         uncommitted = True
                         if time.monotonic() - last_commit >= COMMIT_SECONDS:
                             commit()
@@ -729,6 +735,7 @@ class TileFeed:
                     else:
                         if self.writer.top_dirty:
                             self.writer.flush(final=True)
+                            redis_out.back()
                         if self._at_end(consumer, tps):
                             if uncommitted:  # caught up: what is in Redis is committed
                                 commit()
@@ -738,7 +745,6 @@ class TileFeed:
                     if time.monotonic() - last_report >= REPORT_SECONDS:
                         self.writer.report()
                         last_report = time.monotonic()
-                    outage_since = None
                 except Exception as exc:
                     if is_kafka_outage(exc):
                         if self._stop.is_set():
@@ -746,20 +752,22 @@ class TileFeed:
                             break
                         kafka.down(exc)  # raises once it has lasted too long
                         uncommitted = False  # what was written since the commit is replayed
+                        replay = True
                         time.sleep(1.0)
                         continue
                     if not is_redis_outage(exc):
                         raise
-                    outage_since = outage_since or time.monotonic()
-                    if time.monotonic() - outage_since > self.settings.stream_redis_outage_seconds:
-                        raise
-                    log.warning("real-time tile feed: Redis unreachable, replaying from the last "
-                                "commit in 1 s")
+                    if self._stop.is_set():
+                        redis_out.stopped()
+                        break
+                    redis_out.down(exc)  # raises once it has lasted too long
                     time.sleep(1.0)
                     self.writer.disconnect()
                     self.writer.connect()
-                    self._rewind(consumer, tps)
-            self.writer.report()
+                    # not here: Kafka may be away too (its failure here ended the feed)
+                    uncommitted, replay = False, True
+            if redis_out.down_since is None:
+                self.writer.report()
         except BaseException as exc:  # noqa: BLE001 - surfaced by check()
             log.error("real-time tile feed failed: %s", exc)
             self._error = exc
@@ -810,57 +818,77 @@ class TileFeed:
     @staticmethod
     def _rewind(consumer: Any, tps: list[Any]) -> None:
         for tp in tps:
-            committed = consumer.committed(tp)
+            committed = consumer.committed(tp, timeout_ms=KAFKA_CALL_MS)
             if committed is None:
                 consumer.seek_to_beginning(tp)
             else:
                 consumer.seek(tp, committed)
 
 
-class _KafkaOutage:
-    """A tile feed's view of a Kafka outage: told once when it begins, then every
-    ``KAFKA_OUTAGE_REPORT_S``; given up (the error raised) after
-    ``Settings.kafka_outage_seconds``, as long as Spark's source of the query rides one
-    out. The feed replays from its last commit when Kafka is back: full tiles, which
-    rewrite the same values."""
+class _Outage:
+    """A tile feed's view of an outage of Kafka or Redis: told once when it begins, then
+    every ``OUTAGE_REPORT_S``, and when it ends; given up (the error raised) after its
+    bound. The feed replays from its last commit after either: full tiles, which rewrite
+    the same values."""
 
-    def __init__(self, settings: Settings, index: int) -> None:
-        self.settings, self.index = settings, index
+    def __init__(self, server: str, bound_s: float, knob: str, index: int) -> None:
+        """``knob``: the settings that make ``bound_s``, named in the first line."""
+        self.server, self.bound_s, self.knob, self.index = server, bound_s, knob, index
         self.down_since: float | None = None
         self._told = 0.0
 
+    @classmethod
+    def of_kafka(cls, settings: Settings, index: int) -> _Outage:
+        """As long as Spark's source of the query rides one out."""
+        return cls("Kafka", settings.kafka_outage_seconds,
+                   "SHOPSTREAM_STREAM_KAFKA_ATTEMPTS x _KAFKA_TIMEOUT_SECONDS", index)
+
+    @classmethod
+    def of_redis(cls, settings: Settings, index: int) -> _Outage:
+        """As long as a micro-batch retries its online writes."""
+        return cls("Redis", settings.stream_redis_outage_seconds,
+                   "SHOPSTREAM_STREAM_REDIS_OUTAGE_SECONDS", index)
+
     def down(self, cause: BaseException | str) -> None:
-        """Note the outage (its first line, then every ``KAFKA_OUTAGE_REPORT_S``); raise
+        """Note the outage (its first line, then every ``OUTAGE_REPORT_S``); raise
         ``cause`` (or a :class:`StreamFailed` of it) once it has lasted the bound."""
         now = time.monotonic()
-        bound = self.settings.kafka_outage_seconds
         reason = str(cause).splitlines()[0][:300]
         if self.down_since is None:
             self.down_since = self._told = now
-            log.warning("real-time tile feed #%d: Kafka unreachable (%s); retrying for up to %.0f s "
-                        "(SHOPSTREAM_STREAM_KAFKA_ATTEMPTS x _KAFKA_TIMEOUT_SECONDS)",
-                        self.index, reason, bound)
-        elif now - self.down_since > bound:
+            log.warning("real-time tile feed #%d: %s unreachable (%s); retrying for up to %.0f s "
+                        "(%s)", self.index, self.server, reason, self.bound_s, self.knob)
+        elif now - self.down_since > self.bound_s:
             if isinstance(cause, BaseException):
                 raise cause
-            raise StreamFailed(f"Kafka unreachable for {now - self.down_since:.0f} s: {reason}")
-        elif now - self._told >= KAFKA_OUTAGE_REPORT_S:
+            raise StreamFailed(f"{self.server} unreachable for {now - self.down_since:.0f} s: "
+                               f"{reason}")
+        elif now - self._told >= OUTAGE_REPORT_S:
             self._told = now
-            log.warning("real-time tile feed #%d: Kafka still unreachable after %.0f s of %.0f s (%s)",
-                        self.index, now - self.down_since, bound, reason)
+            log.warning("real-time tile feed #%d: %s still unreachable after %.0f s of %.0f s (%s)",
+                        self.index, self.server, now - self.down_since, self.bound_s, reason)
 
     def stopped(self) -> None:
-        log.warning("real-time tile feed #%d: stopped while Kafka is unreachable; the tiles it "
-                    "has not committed are applied after the next start", self.index)
+        log.warning("real-time tile feed #%d: stopped while %s is unreachable; the tiles it "
+                    "has not committed are applied after the next start", self.index, self.server)
 
     def back(self) -> None:
-        log.info("real-time tile feed #%d: Kafka is back after %.0f s; replaying the tiles since "
-                 "its last commit", self.index, time.monotonic() - (self.down_since or 0.0))
+        """Note the end of an outage, if there was one."""
+        if self.down_since is None:
+            return
+        log.info("real-time tile feed #%d: %s is back after %.0f s; the tiles since the last "
+                 "commit are written again", self.index, self.server,
+                 time.monotonic() - self.down_since)
         self.down_since = None
 
 
-KAFKA_OUTAGE_REPORT_S = 30.0
-"""While Kafka is away, a tile feed says so this often."""
+OUTAGE_REPORT_S = 30.0
+"""While Kafka or Redis is away, a tile feed says so this often."""
+
+KAFKA_CALL_MS = 10_000
+"""How long a tile feed's offset commit or lookup may wait for Kafka: without a timeout
+kafka-python retries a retriable failure (no group coordinator while the broker is away)
+with no end; past it the call raises ``KafkaTimeoutError``, one more sign of the outage."""
 
 
 FEED_GROUP = f"{QUERY_NAME}-feed"

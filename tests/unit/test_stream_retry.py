@@ -151,16 +151,17 @@ def test_a_tile_feed_waits_out_kafka_as_long_as_the_source_then_fails_with_the_c
     from kafka.errors import KafkaConnectionError
 
     from pipelines.stream import StreamFailed
-    from pipelines.streaming.realtime import _KafkaOutage
+    from pipelines.streaming.realtime import _Outage
 
     settings = Settings(_env_file=None, stream_kafka_attempts=2, stream_kafka_timeout_seconds=0.1)
     assert settings.kafka_outage_seconds == pytest.approx(2.2)  # 2 x (0.1 s + 1 s)
-    outage = _KafkaOutage(settings, index=1)
+    outage = _Outage.of_kafka(settings, index=1)
     cause = KafkaConnectionError("111 ECONNREFUSED")
     with caplog.at_level("INFO", logger="pipelines.streaming.realtime"):
         outage.down(cause)
         outage.down("cannot reach Kafka at 127.0.0.1:9 (connection refused)")  # within the bound
         outage.back()
+        outage.back()  # no outage: nothing said
         outage.down(cause)  # a new outage: its own bound
         time.sleep(2.3)
         with pytest.raises(KafkaConnectionError):
@@ -169,9 +170,44 @@ def test_a_tile_feed_waits_out_kafka_as_long_as_the_source_then_fails_with_the_c
     assert said[0] == ("real-time tile feed #1: Kafka unreachable (KafkaConnectionError: 111 "
                        "ECONNREFUSED); retrying for up to 2 s (SHOPSTREAM_STREAM_KAFKA_ATTEMPTS x "
                        "_KAFKA_TIMEOUT_SECONDS)")
-    assert len(said) == 3 and said[1].startswith("real-time tile feed #1: Kafka is back after 0 s")
-    late = _KafkaOutage(settings, index=0)
+    assert len(said) == 3 and said[1] == (
+        "real-time tile feed #1: Kafka is back after 0 s; the tiles since the last commit are "
+        "written again")
+    late = _Outage.of_kafka(settings, index=0)
     late.down(cause)
     time.sleep(2.3)
     with pytest.raises(StreamFailed, match=r"Kafka unreachable for 2 s: cannot reach Kafka at"):
         late.down("cannot reach Kafka at 127.0.0.1:9 (connection refused)")
+
+
+def test_a_tile_feed_waits_out_redis_for_the_batches_bound_saying_so_every_30_s(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Redis outage said once a retry (every second) flooded the log; it is now told as
+    Kafka's is: when it begins, every ``OUTAGE_REPORT_S``, when it ends."""
+    import time
+
+    from pipelines.streaming import realtime
+
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    settings = Settings(_env_file=None, stream_redis_outage_seconds=90)
+    outage = realtime._Outage.of_redis(settings, index=0)
+    cause = redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+    with caplog.at_level("INFO", logger="pipelines.streaming.realtime"):
+        for _ in range(80):  # a retry a second, 80 s
+            outage.down(cause)
+            now[0] += 1.0
+        outage.back()
+        outage.down(cause)
+        now[0] += 91.0
+        with pytest.raises(redis.ConnectionError):
+            outage.down(cause)
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0] == ("real-time tile feed #0: Redis unreachable (Error 111 connecting to "
+                       "127.0.0.1:6379. Connection refused.); retrying for up to 90 s "
+                       "(SHOPSTREAM_STREAM_REDIS_OUTAGE_SECONDS)")
+    assert [m.split(" (")[0] for m in said[1:3]] == [
+        "real-time tile feed #0: Redis still unreachable after 30 s of 90 s",
+        "real-time tile feed #0: Redis still unreachable after 60 s of 90 s"]
+    assert said[3].startswith("real-time tile feed #0: Redis is back after 80 s")
+    assert len(said) == 5  # and the next outage's first line

@@ -1,0 +1,195 @@
+"""Real-time Mode's tile feed under outages of both its servers, run as a feed alone.
+
+The feed (a thread of the driver: Kafka in, Redis out) is tested here without a query:
+Spark writes tiles to the tile topic as the query encodes them, then a :class:`TileFeed`
+applies them while this test stops and starts its own redis-server and its own Kafka
+broker. The whole job under a Kafka outage is in ``test_outages.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipelines.infra import KafkaBroker, RedisServer
+from pipelines.settings import Settings
+from tests.conftest import free_port
+from tests.integration.test_stream import create_topic
+from tests.integration.test_stream_realtime import AS_OF, keyed_rows_of
+from tests.integration.test_stream_state import EVENT_SCHEMA, _events
+from tests.reliability.helpers import topic_name, wait_for
+
+pytestmark = [pytest.mark.reliability, pytest.mark.integration]
+
+CATCH_UP_S = 120.0
+"""How long the feed may take to apply the tiles once both servers are back: its Kafka
+client's reconnect backoff and its one-second retries, far below this."""
+
+
+@pytest.fixture()
+def own_servers(make_settings: Callable[..., Settings], tmp_path: Path
+                ) -> Iterator[tuple[Settings, RedisServer, KafkaBroker]]:
+    """A redis-server and a Kafka broker of this test's own, free to stop."""
+    settings = make_settings(
+        redis_url=f"redis://127.0.0.1:{free_port()}/0",
+        kafka_bootstrap_servers=f"127.0.0.1:{free_port()}", kafka_controller_port=free_port(),
+        run_dir=str(tmp_path / "run"), kafka_topic_events="unused.events",
+        kafka_topic_rt_tiles=topic_name("rt-tiles", tmp_path),
+        # the feed's Kafka bound (attempts x (timeout + 1 s)) is 33 s here, not 183 s
+        stream_kafka_timeout_seconds=10.0)
+    redis_server, broker = RedisServer(settings), KafkaBroker(settings)
+    try:
+        redis_server.start()
+        broker.start()
+        create_topic(settings, settings.kafka_topic_rt_tiles)
+        yield settings, redis_server, broker
+    finally:
+        broker.stop()
+        redis_server.stop()
+
+
+def _send_tiles(spark: Any, settings: Settings) -> list[dict[str, Any]]:
+    """Tiles of 20 minutes of events on the tile topic, as the Real-time query sends them;
+    returns the tile rows the feed must write."""
+    from features.tiles import keyed_tiles
+    from pipelines.streaming.realtime import tile_messages
+
+    events = spark.createDataFrame(_events(300, 31, start=AS_OF - timedelta(minutes=20),
+                                           span_s=1200), EVENT_SCHEMA)
+    (tile_messages(keyed_tiles(events, slide_seconds=60, last_items_n=4))
+     .write.format("kafka").options(**settings.spark_kafka_options())
+     .option("topic", settings.kafka_topic_rt_tiles).save())
+    return keyed_rows_of(spark, events)
+
+
+def _assert_applied(settings: Settings, rows: list[dict[str, Any]]) -> None:
+    """Every user and item tile is in Redis as sent, and the feed committed every offset."""
+    from kafka import TopicPartition
+
+    from pipelines.connections import kafka_consumer, redis_client
+    from pipelines.streaming.pyfeatures import TILE_OF_ROW
+    from pipelines.streaming.realtime import FEED_GROUP, _decode_tile, rt_tiles_key
+
+    client = redis_client(settings)
+    checked = 0
+    for row in rows:
+        if row["kind"] == "sales":
+            continue
+        stored = client.hget(rt_tiles_key(row["kind"], row["key"]), str(row["tile_start"]))
+        assert stored is not None, (row["kind"], row["key"], row["tile_start"])
+        assert _decode_tile(stored) == TILE_OF_ROW[row["kind"]](row), (row["kind"], row["key"])
+        checked += 1
+    assert checked > 100
+    consumer = kafka_consumer(settings, group_id=FEED_GROUP)
+    try:
+        topic = settings.kafka_topic_rt_tiles
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+        ends = consumer.end_offsets(tps)
+        assert {tp: consumer.committed(tp) or 0 for tp in tps} == ends
+    finally:
+        consumer.close()
+
+
+def _said(caplog: pytest.LogCaptureFixture) -> str:
+    return "\n".join(r.getMessage() for r in caplog.records)
+
+
+def test_a_tile_feed_rides_out_kafka_going_while_redis_is_away(
+        own_servers: tuple[Settings, RedisServer, KafkaBroker], spark: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Redis is away when the feed starts, so each cycle it reconnects and replays from its
+    last commit; then Kafka goes too. The replay's offset lookup used to be a client call
+    without a timeout made outside the feed's Kafka handling: it waited for the broker for
+    ever (the job alive, nothing written). Now the feed waits out both, says so, and writes
+    every tile once they are back."""
+    from pipelines.streaming.realtime import TileFeed
+
+    settings, redis_server, broker = own_servers
+    rows = _send_tiles(spark, settings)
+    caplog.set_level(logging.INFO, logger="pipelines.streaming.realtime")
+    redis_server.stop()
+    feed = TileFeed(settings)
+    feed.start()
+    try:
+        wait_for(lambda: "Redis unreachable" in _said(caplog), timeout=60,
+                 what="the feed meeting the Redis outage")
+        time.sleep(3)  # a few of its one-second retries
+        broker.stop()
+        wait_for(lambda: "Kafka unreachable" in _said(caplog), timeout=60,
+                 what="the feed noticing the Kafka outage too")
+        time.sleep(5)
+        feed.check()
+        broker.start()
+        wait_for(lambda: "Kafka is back after" in _said(caplog), timeout=60,
+                 what="the feed back on Kafka")
+        feed.check()
+        redis_server.start()
+        deadline = time.monotonic() + CATCH_UP_S
+        while not feed.caught_up():
+            assert time.monotonic() < deadline, f"not caught up within {CATCH_UP_S:.0f} s"
+            time.sleep(0.2)
+    finally:
+        feed.stop(timeout_s=60)
+    _assert_applied(settings, rows)
+    said = _said(caplog)
+    # one Redis outage all along (its retries each second are not each said), told as it
+    # began and as it ended
+    assert said.count("Redis unreachable (") == 1, said
+    assert "retrying for up to 120 s (SHOPSTREAM_STREAM_REDIS_OUTAGE_SECONDS)" in said
+    assert "real-time tile feed #0: Redis is back after" in said
+    assert "tile feed failed" not in said
+
+
+def test_a_tile_feed_outlasted_by_a_kafka_outage_fails_in_one_line_then_resumes(
+        own_servers: tuple[Settings, RedisServer, KafkaBroker], spark: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Past its bound (attempts x (timeout + 1 s), as Spark's source) the feed gives up with
+    one error naming how long Kafka was away; a feed started once both servers are back
+    writes every tile exactly. (Redis is away first, as above, so that the feed asks Kafka
+    for its offsets every second: an idle feed's poll just finds nothing.)"""
+    from pipelines.stream import StreamFailed
+    from pipelines.streaming.realtime import TileFeed
+
+    settings, redis_server, broker = own_servers
+    settings = settings.model_copy(update={"stream_kafka_attempts": 1,
+                                           "stream_kafka_timeout_seconds": 4.0})
+    assert settings.kafka_outage_seconds == 5.0
+    rows = _send_tiles(spark, settings)
+    caplog.set_level(logging.INFO, logger="pipelines.streaming.realtime")
+    redis_server.stop()
+    feed = TileFeed(settings)
+    feed.start()
+    try:
+        wait_for(lambda: "Redis unreachable" in _said(caplog), timeout=60,
+                 what="the feed meeting the Redis outage")
+        broker.stop()
+        started = time.monotonic()
+        with pytest.raises(StreamFailed) as failed:
+            while time.monotonic() - started < 60:
+                feed.check()
+                time.sleep(0.2)
+        assert time.monotonic() - started < 30, "the feed gave up long after its bound"
+    finally:
+        with contextlib.suppress(StreamFailed):
+            feed.stop(timeout_s=60)
+    message = str(failed.value)
+    assert message.startswith("real-time tile feed failed: ")
+    assert "Kafka unreachable for" in message and "\n" not in message, message
+    assert "retrying for up to 5 s" in _said(caplog)
+
+    broker.start()
+    redis_server.start()
+    again = TileFeed(settings)
+    again.start()
+    try:
+        wait_for(again.caught_up, timeout=CATCH_UP_S, what="a new feed caught up")
+    finally:
+        again.stop(timeout_s=60)
+    _assert_applied(settings, rows)
