@@ -657,6 +657,7 @@ class TileFeed:
 
     def _run(self) -> None:
         from kafka import TopicPartition
+        from kafka.errors import KafkaTimeoutError
 
         from pipelines.connections import kafka_consumer, kafka_unreachable
 
@@ -750,7 +751,10 @@ class TileFeed:
                         if self._stop.is_set():
                             kafka.stopped()
                             break
-                        kafka.down(exc)  # raises once it has lasted too long
+                        # raises once it has lasted too long; a timeout carries no message
+                        # ("KafkaTimeoutError: None"): then what is down is said instead
+                        kafka.down(exc if not isinstance(exc, KafkaTimeoutError) else
+                                   kafka_unreachable(self.settings) or exc)
                         uncommitted = False  # what was written since the commit is replayed
                         replay = True
                         time.sleep(1.0)
