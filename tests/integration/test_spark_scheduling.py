@@ -73,3 +73,32 @@ def test_the_session_jvm_runs_the_throughput_collector(spark: Any) -> None:
     beans = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
     names = {beans.get(i).getName() for i in range(beans.size())}
     assert names == {"PS Scavenge", "PS MarkSweep"}, names
+
+
+@pytest.mark.parametrize(("logger", "message", "logged"), [
+    ("org.apache.spark.scheduler.DAGScheduler",
+     "Failed to cancel job group 0cbbde1d-ded0-4b1a. Cannot find active jobs for it.", False),
+    ("org.apache.spark.scheduler.DAGScheduler", "Job 3 failed: ExecutorLostFailure", True),
+    ("org.apache.spark.scheduler.TaskSetManager",
+     "[queryId = b3bbb] [batchId = 0] Lost task 2.0 in stage 0.0 (TID 2) (192.0.2.2 executor "
+     "driver): TaskKilled (Stage cancelled: [SPARK_JOB_CANCELLED] Job 0 cancelled Query "
+     "shopstream-online-rtm was stopped)", False),
+    ("org.apache.spark.scheduler.TaskSetManager",
+     "Lost task 1.0 in stage 3.0 (TID 9) (10.0.0.7 executor 1): ExecutorLostFailure (executor 1 "
+     "exited caused by one of the running tasks)", True),
+])
+def test_a_deliberate_stop_s_warnings_are_dropped_and_a_lost_task_is_not(
+        spark: Any, logger: str, message: str, logged: bool) -> None:
+    """A stop of the Real-time job logged a warning per killed task of its epoch and one per
+    job group with nothing to cancel (nine lines a stop, by hand). The session's log4j2
+    configuration drops those, by message, and keeps a task lost for any other reason."""
+    jvm = spark.sparkContext._jvm
+    core = jvm.org.apache.logging.log4j.core
+    config = jvm.org.apache.logging.log4j.LogManager.getContext(False).getConfiguration()
+    event = (core.impl.Log4jLogEvent.newBuilder().setLoggerName(logger)
+             .setLevel(jvm.org.apache.logging.log4j.Level.WARN)
+             .setMessage(jvm.org.apache.logging.log4j.message.SimpleMessage(message)).build())
+    verdict = config.getLoggerConfig(logger).getFilter()
+    result = "NEUTRAL" if verdict is None else verdict.filter(event).toString()
+    assert (result != "DENY") is logged, result
+

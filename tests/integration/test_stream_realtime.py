@@ -897,6 +897,10 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
              if " ERROR " in line and any(line.split(" ERROR ")[1].startswith(name.rsplit(".", 1)[1])
                                           for name in STOP_NOISE_LOGGERS)]
     assert not noise, noise[:5]
+    # nor Spark's warnings of the same stop: each killed task, a job group with nothing to cancel
+    assert "TaskKilled" not in logged and "Cannot find active jobs" not in logged, [
+        line for line in log_path.read_text().splitlines()
+        if "TaskKilled" in line or "Cannot find active jobs" in line][:5]
     # a first start on a new checkpoint, with a tile topic of its own: nothing of another's
     assert "has not written to Redis" not in logged
     assert "blocking the event loop" not in logged  # kafka-python's slow-step noise is dropped
