@@ -101,18 +101,13 @@ def _said(caplog: pytest.LogCaptureFixture) -> str:
     return "\n".join(r.getMessage() for r in caplog.records)
 
 
-def test_a_tile_feed_rides_out_kafka_going_while_redis_is_away(
-        own_servers: tuple[Settings, RedisServer, KafkaBroker], spark: Any,
-        caplog: pytest.LogCaptureFixture) -> None:
-    """Redis is away when the feed starts, so each cycle it reconnects and replays from its
-    last commit; then Kafka goes too. The replay's offset lookup used to be a client call
-    without a timeout made outside the feed's Kafka handling: it waited for the broker for
-    ever (the job alive, nothing written). Now the feed waits out both, says so, and writes
-    every tile once they are back."""
+def _feed_meeting_a_redis_outage(settings: Settings, redis_server: RedisServer,
+                                 caplog: pytest.LogCaptureFixture) -> Any:
+    """A tile feed started with Redis away and tiles to write: every second it reconnects
+    and seeks back to its last commit, asking Kafka for it."""
+    from pipelines.stream import StreamFailed
     from pipelines.streaming.realtime import TileFeed
 
-    settings, redis_server, broker = own_servers
-    rows = _send_tiles(spark, settings)
     caplog.set_level(logging.INFO, logger="pipelines.streaming.realtime")
     redis_server.stop()
     feed = TileFeed(settings)
@@ -120,6 +115,25 @@ def test_a_tile_feed_rides_out_kafka_going_while_redis_is_away(
     try:
         wait_for(lambda: "Redis unreachable" in _said(caplog), timeout=60,
                  what="the feed meeting the Redis outage")
+    except AssertionError:
+        with contextlib.suppress(StreamFailed):
+            feed.stop(timeout_s=10)
+        raise
+    return feed
+
+
+def test_a_tile_feed_rides_out_kafka_going_while_redis_is_away(
+        own_servers: tuple[Settings, RedisServer, KafkaBroker], spark: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Redis is away when the feed starts, so each cycle it reconnects and replays from its
+    last commit; then Kafka goes too. That seek asked Kafka for the last commit outside the
+    feed's handling of a Kafka outage, so the feed failed (KafkaConnectionError: 111
+    ECONNREFUSED), and with no timeout on the call it could as well have waited for ever.
+    Now the feed waits out both, says so, and writes every tile once they are back."""
+    settings, redis_server, broker = own_servers
+    rows = _send_tiles(spark, settings)
+    feed = _feed_meeting_a_redis_outage(settings, redis_server, caplog)
+    try:
         time.sleep(3)  # a few of its one-second retries
         broker.stop()
         wait_for(lambda: "Kafka unreachable" in _said(caplog), timeout=60,
@@ -162,13 +176,8 @@ def test_a_tile_feed_outlasted_by_a_kafka_outage_fails_in_one_line_then_resumes(
                                            "stream_kafka_timeout_seconds": 4.0})
     assert settings.kafka_outage_seconds == 5.0
     rows = _send_tiles(spark, settings)
-    caplog.set_level(logging.INFO, logger="pipelines.streaming.realtime")
-    redis_server.stop()
-    feed = TileFeed(settings)
-    feed.start()
+    feed = _feed_meeting_a_redis_outage(settings, redis_server, caplog)
     try:
-        wait_for(lambda: "Redis unreachable" in _said(caplog), timeout=60,
-                 what="the feed meeting the Redis outage")
         broker.stop()
         started = time.monotonic()
         with pytest.raises(StreamFailed) as failed:
