@@ -681,7 +681,7 @@ class TileFeed:
             if self.new_checkpoint:
                 self._warn_unread(consumer, tps)
             self.writer.connect()
-            last_report = last_commit = time.monotonic()
+            last_report = last_commit = last_heard = time.monotonic()
             uncommitted = False
             kafka = _Outage.of_kafka(self.settings, self.index)
             redis_out = _Outage.of_redis(self.settings, self.index)
@@ -721,6 +721,7 @@ class TileFeed:
                     polled = consumer.poll(timeout_ms=POLL_MS, max_records=MAX_FLUSH_ROWS)
                     records = [r for part in polled.values() for r in part]
                     if records:
+                        last_heard = cycle
                         self._idle.clear()
                         for record in records:
                             self.writer.add(orjson.loads(record.value), record.timestamp / 1000)
@@ -743,6 +744,14 @@ class TileFeed:
                             self._idle.set()
                             if self._stop.is_set():
                                 break
+                        if cycle - last_heard >= KAFKA_IDLE_CHECK_S:
+                            # an empty poll says nothing of a broker that crashed (kafka-python
+                            # retries quietly), so a feed with no tiles to write checks it
+                            last_heard = cycle
+                            if (problem := kafka_unreachable(self.settings)) is not None:
+                                kafka.down(problem)
+                                uncommitted, replay = False, True
+                                continue
                     if time.monotonic() - last_report >= REPORT_SECONDS:
                         self.writer.report()
                         last_report = time.monotonic()
@@ -844,8 +853,8 @@ class _Outage:
     @classmethod
     def of_kafka(cls, settings: Settings, index: int) -> _Outage:
         """As long as Spark's source of the query rides one out."""
-        return cls("Kafka", settings.kafka_outage_seconds,
-                   "SHOPSTREAM_STREAM_KAFKA_ATTEMPTS x _KAFKA_TIMEOUT_SECONDS", index)
+        return cls("Kafka", settings.kafka_outage_seconds, "SHOPSTREAM_STREAM_KAFKA_ATTEMPTS x "
+                   "(SHOPSTREAM_STREAM_KAFKA_TIMEOUT_SECONDS + 1 s)", index)
 
     @classmethod
     def of_redis(cls, settings: Settings, index: int) -> _Outage:
@@ -888,6 +897,11 @@ class _Outage:
 
 OUTAGE_REPORT_S = 30.0
 """While Kafka or Redis is away, a tile feed says so this often."""
+
+KAFKA_IDLE_CHECK_S = 5.0
+"""A feed whose polls bring no tiles checks this often that a Kafka bootstrap server accepts
+a connection: its polls would not tell an outage, so one would go unsaid and unbounded while
+the query's source, which does notice, stopped the job."""
 
 KAFKA_CALL_MS = 10_000
 """How long a tile feed's offset commit or lookup may wait for Kafka: without a timeout

@@ -319,9 +319,9 @@ def test_real_time_mode_rides_out_a_kafka_outage_while_tiles_flow(
         wait_for(lambda: redis_client.exists(rt_clock_key()), timeout=CATCH_UP_BOUND_S,
                  what="the feed's first tiles", alive=job.alive)
         sender.start()
-        # A feed meets an outage when it has tiles to commit (an idle one's poll just finds
-        # nothing): the broker goes as the clock moves, while the feeds write; at most three
-        # times, until one of them met it
+        # A feed meets an outage in a commit when it has tiles to commit (an idle one notices
+        # it by its check, with nothing to replay): the broker goes as the clock moves, while
+        # the feeds write; at most three times, until one of them met it so
         for _ in range(3):
             clock = redis_client.get(rt_clock_key())
             wait_for(lambda clock=clock: redis_client.get(rt_clock_key()) != clock, timeout=120,

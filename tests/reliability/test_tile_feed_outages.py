@@ -55,13 +55,13 @@ def own_servers(make_settings: Callable[..., Settings], tmp_path: Path
         redis_server.stop()
 
 
-def _send_tiles(spark: Any, settings: Settings) -> list[dict[str, Any]]:
+def _send_tiles(spark: Any, settings: Settings, seed: int = 31) -> list[dict[str, Any]]:
     """Tiles of 20 minutes of events on the tile topic, as the Real-time query sends them;
     returns the tile rows the feed must write."""
     from features.tiles import keyed_tiles
     from pipelines.streaming.realtime import tile_messages
 
-    events = spark.createDataFrame(_events(300, 31, start=AS_OF - timedelta(minutes=20),
+    events = spark.createDataFrame(_events(300, seed, start=AS_OF - timedelta(minutes=20),
                                            span_s=1200), EVENT_SCHEMA)
     (tile_messages(keyed_tiles(events, slide_seconds=60, last_items_n=4))
      .write.format("kafka").options(**settings.spark_kafka_options())
@@ -167,7 +167,7 @@ def test_a_tile_feed_outlasted_by_a_kafka_outage_fails_in_one_line_then_resumes(
     """Past its bound (attempts x (timeout + 1 s), as Spark's source) the feed gives up with
     one error naming how long Kafka was away; a feed started once both servers are back
     writes every tile exactly. (Redis is away first, as above, so that the feed asks Kafka
-    for its offsets every second: an idle feed's poll just finds nothing.)"""
+    for its offsets every second, from the outage's first second.)"""
     from pipelines.stream import StreamFailed
     from pipelines.streaming.realtime import TileFeed
 
@@ -202,3 +202,50 @@ def test_a_tile_feed_outlasted_by_a_kafka_outage_fails_in_one_line_then_resumes(
     finally:
         again.stop(timeout_s=60)
     _assert_applied(settings, rows)
+
+
+def test_an_idle_tile_feed_notices_a_kafka_outage_and_reads_on_after_it(
+        own_servers: tuple[Settings, RedisServer, KafkaBroker], spark: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A broker that crashes (``kill -9``) tells its clients nothing: a feed that has
+    written and committed every tile polls and finds nothing, outage or not (kafka-python
+    retries quietly), so the outage went unsaid and unbounded (a broker stopped cleanly
+    hands its partitions' leadership over, and the feed's position check fails on that).
+    Now such a feed checks the broker every few seconds: it says the outage began and
+    ended, and reads on after it."""
+    from pipelines.streaming.realtime import KAFKA_IDLE_CHECK_S, TileFeed
+
+    settings, _, broker = own_servers
+    caplog.set_level(logging.INFO, logger="pipelines.streaming.realtime")
+    _send_tiles(spark, settings)
+    feed = TileFeed(settings)
+    feed.start()
+    try:
+        wait_for(feed.caught_up, timeout=CATCH_UP_S, what="the feed caught up")
+        time.sleep(KAFKA_IDLE_CHECK_S + 1)  # idle for longer than its check's period
+        broker.process.kill()
+        stopped = time.monotonic()
+        wait_for(lambda: "Kafka unreachable" in _said(caplog), timeout=30,
+                 what="the idle feed noticing the Kafka outage")
+        assert time.monotonic() - stopped < KAFKA_IDLE_CHECK_S + 10
+        feed.check()
+        broker.start()
+        wait_for(lambda: "Kafka is back after" in _said(caplog), timeout=60,
+                 what="the feed back on Kafka")
+        rows = _send_tiles(spark, settings, seed=32)  # other events: other values
+        deadline = time.monotonic() + CATCH_UP_S
+        while True:  # the feed reads on: every new tile written, every offset committed
+            try:
+                _assert_applied(settings, rows)
+                break
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+    finally:
+        feed.stop(timeout_s=60)
+    said = _said(caplog)
+    assert said.count("Kafka unreachable (") == 1, said
+    assert "Kafka unreachable (cannot reach Kafka at 127.0.0.1:" in said
+    assert "(SHOPSTREAM_STREAM_KAFKA_ATTEMPTS x (SHOPSTREAM_STREAM_KAFKA_TIMEOUT_SECONDS" in said
+    assert "tile feed failed" not in said

@@ -169,7 +169,7 @@ def test_a_tile_feed_waits_out_kafka_as_long_as_the_source_then_fails_with_the_c
     said = [r.getMessage() for r in caplog.records]
     assert said[0] == ("real-time tile feed #1: Kafka unreachable (KafkaConnectionError: 111 "
                        "ECONNREFUSED); retrying for up to 2 s (SHOPSTREAM_STREAM_KAFKA_ATTEMPTS x "
-                       "_KAFKA_TIMEOUT_SECONDS)")
+                       "(SHOPSTREAM_STREAM_KAFKA_TIMEOUT_SECONDS + 1 s))")
     assert len(said) == 3 and said[1] == (
         "real-time tile feed #1: Kafka is back after 0 s; the tiles since the last commit are "
         "written again")
