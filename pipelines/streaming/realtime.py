@@ -659,7 +659,7 @@ class TileFeed:
         from kafka import TopicPartition
         from kafka.errors import KafkaTimeoutError
 
-        from pipelines.connections import kafka_consumer, kafka_silent, kafka_unreachable
+        from pipelines.connections import kafka_consumer, kafka_unreachable
 
         consumer = kafka_consumer(self.settings, group_id=FEED_GROUP,
                                   max_partition_fetch_bytes=FETCH_PARTITION_BYTES)
@@ -752,10 +752,6 @@ class TileFeed:
                                 kafka.down(problem)
                                 uncommitted, replay = False, True
                                 continue
-                            # a connection taken is not a broker serving (hung, no leader, a
-                            # proxy with nothing behind it): the partitions' leaders must
-                            # answer, or this times out, an outage handled below
-                            consumer.end_offsets(tps, timeout_ms=KAFKA_CALL_MS)
                     if time.monotonic() - last_report >= REPORT_SECONDS:
                         self.writer.report()
                         last_report = time.monotonic()
@@ -767,7 +763,7 @@ class TileFeed:
                         # raises once it has lasted too long; a timeout carries no message
                         # ("KafkaTimeoutError: None"): then what is down is said instead
                         kafka.down(exc if not isinstance(exc, KafkaTimeoutError) else
-                                   kafka_unreachable(self.settings) or kafka_silent(self.settings))
+                                   kafka_unreachable(self.settings) or exc)
                         uncommitted = False  # what was written since the commit is replayed
                         replay = True
                         time.sleep(1.0)
@@ -904,9 +900,8 @@ OUTAGE_REPORT_S = 30.0
 
 KAFKA_IDLE_CHECK_S = 5.0
 """A feed whose polls bring no tiles checks this often that a Kafka bootstrap server accepts
-a connection and that its partitions' leaders answer (their end offsets, within
-``KAFKA_CALL_MS``): its polls would not tell an outage, so one would go unsaid and unbounded
-while the query's source, which does notice, stopped the job."""
+a connection: its polls would not tell an outage, so one would go unsaid and unbounded while
+the query's source, which does notice, stopped the job."""
 
 KAFKA_CALL_MS = 10_000
 """How long a tile feed's offset commit or lookup may wait for Kafka: without a timeout
