@@ -345,6 +345,12 @@ class Settings(BaseSettings):
     """uvicorn's per-request access log; off by default because it costs latency."""
     api_limit_concurrency: int | None = Field(default=None, ge=1)
     """Requests in flight per worker beyond which uvicorn answers 503 (none: unlimited)."""
+    api_keep_alive_seconds: float = Field(default=5.0, gt=0, le=3600)
+    """How long an idle keep-alive connection stays open before the server closes it
+    (uvicorn's ``timeout_keep_alive``). Behind a load balancer that reuses its connections
+    (an AWS ALB keeps them 60 s idle), set it above the balancer's idle timeout: otherwise
+    the balancer now and then sends a request on a connection the server is closing, and
+    its client gets a 502."""
     serving_deadline_ms: int = Field(default=200, ge=5, le=60_000)
     """Budget for all Redis work of one API request; past it the API answers degraded or 503.
     Each single Redis read is also bounded by ``redis_socket_timeout_ms``."""

@@ -22,6 +22,7 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         "access_log": settings.api_access_log,
         "server_header": False,
         "timeout_graceful_shutdown": 10,
+        "timeout_keep_alive": settings.api_keep_alive_seconds,
         "log_level": "info",
     }
     if importlib.util.find_spec("uvloop") is not None:

@@ -22,6 +22,7 @@ def test_settings_reads_prefixed_environment(monkeypatch: pytest.MonkeyPatch) ->
         ("kafka_bootstrap_servers", "no-port"),
         ("redis_url", "http://x:1"),
         ("api_port", 70000),
+        ("api_keep_alive_seconds", 0),
         ("kafka_security_protocol", "SASL_SSL"),  # without a mechanism
     ],
 )
