@@ -97,6 +97,16 @@ def kafka_unreachable(settings: Settings, timeout_s: float = REACH_TIMEOUT_S) ->
             "or set SHOPSTREAM_KAFKA_BOOTSTRAP_SERVERS")
 
 
+def kafka_silent(settings: Settings) -> str:
+    """What to say of a Kafka call that timed out while a bootstrap server accepts
+    connections (:func:`kafka_unreachable` found nothing wrong): a broker that takes them
+    but does not answer, whose timeout kafka-python tells as ``KafkaTimeoutError: None``."""
+    servers = ", ".join(f"{host}:{port}" for host, port in settings.kafka_bootstrap)
+    return (f"Kafka at {servers} accepts connections but did not answer in time (a broker "
+            "hung or starting, a partition without a leader, or a proxy with no broker behind "
+            "it; check SHOPSTREAM_KAFKA_SECURITY_PROTOCOL if TLS or SASL changed)")
+
+
 def redis_unreachable(settings: Settings, timeout_s: float = REACH_TIMEOUT_S) -> str | None:
     """Why Redis does not answer a ``PING`` with the job's options (AUTH, TLS), in one line
     naming the address and the settings, or ``None`` when it does. The password is never

@@ -659,7 +659,7 @@ class TileFeed:
         from kafka import TopicPartition
         from kafka.errors import KafkaTimeoutError
 
-        from pipelines.connections import kafka_consumer, kafka_unreachable
+        from pipelines.connections import kafka_consumer, kafka_silent, kafka_unreachable
 
         consumer = kafka_consumer(self.settings, group_id=FEED_GROUP,
                                   max_partition_fetch_bytes=FETCH_PARTITION_BYTES)
@@ -715,6 +715,11 @@ class TileFeed:
                         replay = True
                     if replay:  # after an outage of either: a Kafka call, handled below
                         self._rewind(consumer, tps)
+                        if kafka.down_since is not None:
+                            # the offset lookup is answered by the group's coordinator; the
+                            # partitions' leaders may not be elected yet after a restart: back
+                            # once they answer too (or the next idle ask told a second outage)
+                            consumer.end_offsets(tps, timeout_ms=KAFKA_CALL_MS)
                         replay = False
                         kafka.back()
                     cycle = time.monotonic()
@@ -752,6 +757,10 @@ class TileFeed:
                                 kafka.down(problem)
                                 uncommitted, replay = False, True
                                 continue
+                            # a connection taken is not a broker serving (hung, no leader, a
+                            # proxy with nothing behind it): the partitions' leaders must
+                            # answer, or this times out, an outage handled below
+                            consumer.end_offsets(tps, timeout_ms=KAFKA_CALL_MS)
                     if time.monotonic() - last_report >= REPORT_SECONDS:
                         self.writer.report()
                         last_report = time.monotonic()
@@ -763,7 +772,7 @@ class TileFeed:
                         # raises once it has lasted too long; a timeout carries no message
                         # ("KafkaTimeoutError: None"): then what is down is said instead
                         kafka.down(exc if not isinstance(exc, KafkaTimeoutError) else
-                                   kafka_unreachable(self.settings) or exc)
+                                   kafka_unreachable(self.settings) or kafka_silent(self.settings))
                         uncommitted = False  # what was written since the commit is replayed
                         replay = True
                         time.sleep(1.0)
@@ -900,8 +909,9 @@ OUTAGE_REPORT_S = 30.0
 
 KAFKA_IDLE_CHECK_S = 5.0
 """A feed whose polls bring no tiles checks this often that a Kafka bootstrap server accepts
-a connection: its polls would not tell an outage, so one would go unsaid and unbounded while
-the query's source, which does notice, stopped the job."""
+a connection and that its partitions' leaders answer (their end offsets, within
+``KAFKA_CALL_MS``): its polls would not tell an outage, so one would go unsaid and unbounded
+while the query's source, which does notice, stopped the job."""
 
 KAFKA_CALL_MS = 10_000
 """How long a tile feed's offset commit or lookup may wait for Kafka: without a timeout

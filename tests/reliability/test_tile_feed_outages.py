@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -204,6 +206,25 @@ def test_a_tile_feed_outlasted_by_a_kafka_outage_fails_in_one_line_then_resumes(
     _assert_applied(settings, rows)
 
 
+def _idle_then_reading_on(spark: Any, settings: Settings, *, seed: int) -> None:
+    """After a feed said Kafka is back: it stays idle past a check (which must not tell a
+    second outage: the callers count the lines), then writes every new tile of other events
+    (other values) and commits every offset."""
+    from pipelines.streaming.realtime import KAFKA_IDLE_CHECK_S
+
+    time.sleep(KAFKA_IDLE_CHECK_S + 2)
+    rows = _send_tiles(spark, settings, seed=seed)
+    deadline = time.monotonic() + CATCH_UP_S
+    while True:
+        try:
+            _assert_applied(settings, rows)
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def test_an_idle_tile_feed_notices_a_kafka_outage_and_reads_on_after_it(
         own_servers: tuple[Settings, RedisServer, KafkaBroker], spark: Any,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -232,20 +253,91 @@ def test_an_idle_tile_feed_notices_a_kafka_outage_and_reads_on_after_it(
         broker.start()
         wait_for(lambda: "Kafka is back after" in _said(caplog), timeout=60,
                  what="the feed back on Kafka")
-        rows = _send_tiles(spark, settings, seed=32)  # other events: other values
-        deadline = time.monotonic() + CATCH_UP_S
-        while True:  # the feed reads on: every new tile written, every offset committed
-            try:
-                _assert_applied(settings, rows)
-                break
-            except AssertionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+        _idle_then_reading_on(spark, settings, seed=32)
     finally:
         feed.stop(timeout_s=60)
     said = _said(caplog)
     assert said.count("Kafka unreachable (") == 1, said
     assert "Kafka unreachable (cannot reach Kafka at 127.0.0.1:" in said
     assert "(SHOPSTREAM_STREAM_KAFKA_ATTEMPTS x (SHOPSTREAM_STREAM_KAFKA_TIMEOUT_SECONDS" in said
+    assert "tile feed failed" not in said
+
+
+@contextlib.contextmanager
+def _silent_server(port: int) -> Iterator[None]:
+    """A server on ``port`` that accepts every connection and never answers: a broker hung,
+    or a load balancer with no broker behind it. Its connections close on exit."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    deadline = time.monotonic() + 30
+    while True:  # the killed broker's port frees once its process is gone
+        try:
+            sock.bind(("127.0.0.1", port))
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    sock.listen(64)
+    sock.settimeout(0.2)
+    held: list[socket.socket] = []
+    done = threading.Event()
+
+    def accept() -> None:
+        while not done.is_set():
+            with contextlib.suppress(OSError):
+                held.append(sock.accept()[0])
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        sock.close()
+
+
+def test_an_idle_tile_feed_notices_a_broker_that_takes_connections_but_does_not_answer(
+        own_servers: tuple[Settings, RedisServer, KafkaBroker], spark: Any,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A TCP connect is not a broker serving: with a server on the broker's port that takes
+    connections and says nothing (a hung broker, a proxy with no broker behind it), the idle
+    feed's connect check passed, and its empty polls went on with the outage unsaid. Now the
+    idle feed also asks its partitions' leaders for their end offsets: it says the outage
+    (as a broker that does not answer), and reads on once the broker is back."""
+    from pipelines.streaming.realtime import KAFKA_CALL_MS, KAFKA_IDLE_CHECK_S, TileFeed
+
+    settings, _, broker = own_servers
+    host, port = settings.kafka_bootstrap[0]
+    # the fixture's bound (33 s) could run out in the calls that time out before the broker
+    # is back: 3 x (20 + 1) s here
+    feed_settings = settings.model_copy(update={"stream_kafka_timeout_seconds": 20.0})
+    caplog.set_level(logging.INFO, logger="pipelines.streaming.realtime")
+    _send_tiles(spark, settings)
+    feed = TileFeed(feed_settings)
+    feed.start()
+    try:
+        wait_for(feed.caught_up, timeout=CATCH_UP_S, what="the feed caught up")
+        time.sleep(KAFKA_IDLE_CHECK_S + 1)  # idle for longer than its check's period
+        broker.process.kill()
+        with _silent_server(port):
+            hung = time.monotonic()
+            wait_for(lambda: "Kafka unreachable" in _said(caplog), timeout=60,
+                     what="the idle feed noticing a broker that does not answer")
+            # a check's period, then its call's timeout
+            assert time.monotonic() - hung < KAFKA_IDLE_CHECK_S + KAFKA_CALL_MS / 1000 + 10
+            feed.check()
+        broker.start()
+        wait_for(lambda: "Kafka is back after" in _said(caplog), timeout=90,
+                 what="the feed back on Kafka")
+        _idle_then_reading_on(spark, settings, seed=33)
+    finally:
+        feed.stop(timeout_s=60)
+    said = _said(caplog)
+    assert said.count("Kafka unreachable (") == 1, said
+    assert (f"Kafka unreachable (Kafka at {host}:{port} accepts connections but did not answer "
+            "in time (") in said, said
     assert "tile feed failed" not in said

@@ -4,7 +4,12 @@ when its Kafka or Redis is not there. Real sockets; the Redis login case is in
 
 from __future__ import annotations
 
-from pipelines.connections import kafka_unreachable, redis_unreachable, servers_unreachable
+from pipelines.connections import (
+    kafka_silent,
+    kafka_unreachable,
+    redis_unreachable,
+    servers_unreachable,
+)
 from pipelines.settings import Settings
 from tests.conftest import free_port
 
@@ -30,6 +35,19 @@ def test_kafka_none_reachable_lists_each_server_with_its_reason() -> None:
     problem = kafka_unreachable(_settings(kafka_bootstrap_servers=f"nohost.invalid:9092,127.0.0.1:{port}"))
     assert problem is not None
     assert f"nohost.invalid:9092 (unknown host), 127.0.0.1:{port} (connection refused)" in problem
+
+
+def test_kafka_silent_names_every_server_the_likely_causes_and_the_setting() -> None:
+    """Said when a Kafka call timed out though a server takes connections."""
+    problem = kafka_silent(_settings(kafka_bootstrap_servers="b-1.example:9096,127.0.0.1:9092",
+                                     kafka_sasl_password="s3cret-pw",
+                                     kafka_sasl_mechanism="PLAIN",
+                                     kafka_security_protocol="SASL_SSL"))
+    assert problem.startswith("Kafka at b-1.example:9096, 127.0.0.1:9092 accepts connections "
+                              "but did not answer in time (")
+    assert "a partition without a leader" in problem
+    assert "SHOPSTREAM_KAFKA_SECURITY_PROTOCOL" in problem
+    assert "s3cret-pw" not in problem
 
 
 def test_redis_refused_and_hung_name_the_address_and_the_setting(listening: int) -> None:
