@@ -206,12 +206,33 @@ def test_a_tile_feed_outlasted_by_a_kafka_outage_fails_in_one_line_then_resumes(
     _assert_applied(settings, rows)
 
 
-def _idle_then_reading_on(spark: Any, settings: Settings, *, seed: int) -> None:
-    """After a feed said Kafka is back: it stays idle past a check (which must not tell a
-    second outage: the callers count the lines), then writes every new tile of other events
-    (other values) and commits every offset."""
+def _idle_feed(spark: Any, settings: Settings, feed_settings: Settings) -> Any:
+    """A started feed that wrote every tile of one send, then stayed idle past a check."""
+    from pipelines.streaming.realtime import KAFKA_IDLE_CHECK_S, TileFeed
+
+    _send_tiles(spark, settings)
+    feed = TileFeed(feed_settings)
+    feed.start()
+    try:
+        wait_for(feed.caught_up, timeout=CATCH_UP_S, what="the feed caught up")
+        time.sleep(KAFKA_IDLE_CHECK_S + 1)  # idle for longer than its check's period
+    except BaseException:
+        feed.stop(timeout_s=60)
+        raise
+    return feed
+
+
+def _back_and_reading_on(spark: Any, settings: Settings, broker: KafkaBroker,
+                         caplog: pytest.LogCaptureFixture, *, seed: int,
+                         timeout_s: float) -> None:
+    """The broker started again: the feed says Kafka is back within ``timeout_s``, stays
+    idle past a check (which must not tell a second outage: the callers count the lines),
+    then writes every new tile of other events (other values) and commits every offset."""
     from pipelines.streaming.realtime import KAFKA_IDLE_CHECK_S
 
+    broker.start()
+    wait_for(lambda: "Kafka is back after" in _said(caplog), timeout=timeout_s,
+             what="the feed back on Kafka")
     time.sleep(KAFKA_IDLE_CHECK_S + 2)
     rows = _send_tiles(spark, settings, seed=seed)
     deadline = time.monotonic() + CATCH_UP_S
@@ -234,26 +255,19 @@ def test_an_idle_tile_feed_notices_a_kafka_outage_and_reads_on_after_it(
     hands its partitions' leadership over, and the feed's position check fails on that).
     Now such a feed checks the broker every few seconds: it says the outage began and
     ended, and reads on after it."""
-    from pipelines.streaming.realtime import KAFKA_IDLE_CHECK_S, TileFeed
+    from pipelines.streaming.realtime import KAFKA_IDLE_CHECK_S
 
     settings, _, broker = own_servers
     caplog.set_level(logging.INFO, logger="pipelines.streaming.realtime")
-    _send_tiles(spark, settings)
-    feed = TileFeed(settings)
-    feed.start()
+    feed = _idle_feed(spark, settings, settings)
     try:
-        wait_for(feed.caught_up, timeout=CATCH_UP_S, what="the feed caught up")
-        time.sleep(KAFKA_IDLE_CHECK_S + 1)  # idle for longer than its check's period
         broker.process.kill()
         stopped = time.monotonic()
         wait_for(lambda: "Kafka unreachable" in _said(caplog), timeout=30,
                  what="the idle feed noticing the Kafka outage")
         assert time.monotonic() - stopped < KAFKA_IDLE_CHECK_S + 10
         feed.check()
-        broker.start()
-        wait_for(lambda: "Kafka is back after" in _said(caplog), timeout=60,
-                 what="the feed back on Kafka")
-        _idle_then_reading_on(spark, settings, seed=32)
+        _back_and_reading_on(spark, settings, broker, caplog, seed=32, timeout_s=60)
     finally:
         feed.stop(timeout_s=60)
     said = _said(caplog)
@@ -308,7 +322,7 @@ def test_an_idle_tile_feed_notices_a_broker_that_takes_connections_but_does_not_
     feed's connect check passed, and its empty polls went on with the outage unsaid. Now the
     idle feed also asks its partitions' leaders for their end offsets: it says the outage
     (as a broker that does not answer), and reads on once the broker is back."""
-    from pipelines.streaming.realtime import KAFKA_CALL_MS, KAFKA_IDLE_CHECK_S, TileFeed
+    from pipelines.streaming.realtime import KAFKA_CALL_MS, KAFKA_IDLE_CHECK_S
 
     settings, _, broker = own_servers
     host, port = settings.kafka_bootstrap[0]
@@ -316,12 +330,8 @@ def test_an_idle_tile_feed_notices_a_broker_that_takes_connections_but_does_not_
     # is back: 3 x (20 + 1) s here
     feed_settings = settings.model_copy(update={"stream_kafka_timeout_seconds": 20.0})
     caplog.set_level(logging.INFO, logger="pipelines.streaming.realtime")
-    _send_tiles(spark, settings)
-    feed = TileFeed(feed_settings)
-    feed.start()
+    feed = _idle_feed(spark, settings, feed_settings)
     try:
-        wait_for(feed.caught_up, timeout=CATCH_UP_S, what="the feed caught up")
-        time.sleep(KAFKA_IDLE_CHECK_S + 1)  # idle for longer than its check's period
         broker.process.kill()
         with _silent_server(port):
             hung = time.monotonic()
@@ -330,10 +340,7 @@ def test_an_idle_tile_feed_notices_a_broker_that_takes_connections_but_does_not_
             # a check's period, then its call's timeout
             assert time.monotonic() - hung < KAFKA_IDLE_CHECK_S + KAFKA_CALL_MS / 1000 + 10
             feed.check()
-        broker.start()
-        wait_for(lambda: "Kafka is back after" in _said(caplog), timeout=90,
-                 what="the feed back on Kafka")
-        _idle_then_reading_on(spark, settings, seed=33)
+        _back_and_reading_on(spark, settings, broker, caplog, seed=33, timeout_s=90)
     finally:
         feed.stop(timeout_s=60)
     said = _said(caplog)
