@@ -84,7 +84,8 @@ def _root(
     )
     for handler in logging.getLogger().handlers:
         handler.addFilter(drop_py4j_interrupt_traceback)
-        handler.addFilter(CollapseRepeats(("kafka",), tracebacks=verbose))  # while Kafka is away
+        # while Kafka is away; --verbose shows each kind in kafka-python's words, with tracebacks
+        handler.addFilter(CollapseRepeats(("kafka",), tracebacks=verbose, one_outage_kind=not verbose))
     for noisy in ("kafka", "py4j", "urllib3", "feast", "alembic", "mlflow.store"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 

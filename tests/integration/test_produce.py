@@ -197,12 +197,20 @@ def test_kafka_gone_before_the_sink_closes_counts_what_it_held_without_raising(
     summary of what was not delivered, and once more from the producer's ``__del__``. The
     wait said nothing of its own; now a status line says what it waits for and why."""
     from pipelines.infra import KafkaBroker
+    from pipelines.log_repeats import CollapseRepeats
     from pipelines.producer import KafkaSink
     from tests.conftest import free_port
 
     settings = make_settings(kafka_bootstrap_servers=f"127.0.0.1:{free_port()}",
                              kafka_controller_port=free_port(), run_dir=str(tmp_path / "run"),
                              kafka_topic_events="gone.events")
+    # what the CLI's log shows of kafka-python meanwhile (its handler's filter)
+    shown: list[str] = []
+    kafka_log = logging.getLogger("kafka")
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: shown.append(record.getMessage())  # type: ignore[method-assign]
+    handler.addFilter(CollapseRepeats(("kafka",)))
+    kafka_log.addHandler(handler)
     broker = KafkaBroker(settings)
     broker.start()
     try:
@@ -222,5 +230,12 @@ def test_kafka_gone_before_the_sink_closes_counts_what_it_held_without_raising(
         assert re.match(r"waiting for Kafka to acknowledge 50 records \(\d s of 2 s\): "
                         rf"cannot reach Kafka at {re.escape(address)} \(connection refused\)", waits[0]), waits
         assert sink._producer._closed  # noqa: SLF001 - its __del__ will not flush again
+        # kafka-python's lines of the outage: one in our words, quoting its first (it logged
+        # a refused or lost connection in several kinds: transport, connection, metadata...)
+        failed_lines = [line for line in shown if line.startswith("Kafka connection failed (kafka-python: ")]
+        assert len(failed_lines) == 1, shown
+        assert not [line for line in shown if not line.startswith("Kafka connection")
+                    and ("ECONNREFUSED" in line or "KafkaConnectionError" in line)], shown
     finally:
+        kafka_log.removeHandler(handler)
         broker.stop()
