@@ -203,6 +203,30 @@ def git_commit() -> str:
     return sha + ("+dirty" if dirty else "")
 
 
+def process_tree_cpu_s(pid: int) -> float:
+    """User and system CPU seconds of a process and its live descendants, from ``/proc``
+    (Linux): what a server spent, its worker processes included. Unlike its latency, a
+    server's CPU per request hardly depends on what else the shared machine runs, and it
+    says how many requests a second one worker can answer at most."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo, seen = 0.0, [pid], set()
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo.extend(int(child) for child in (task / "children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # gone meanwhile
+    return total
+
+
 def _cpu_count() -> int:
     import os
 

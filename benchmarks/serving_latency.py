@@ -44,6 +44,7 @@ from benchmarks.common import (
     bench_settings,
     open_loop,
     plot_latency_histograms,
+    process_tree_cpu_s,
     summarize,
     write_result,
 )
@@ -246,6 +247,22 @@ class RawHTTP:
         self.sock.close()
 
 
+SERVER_CPU: dict[str, float] = {}
+"""Per HTTP row: the server's CPU (its process tree's, from ``/proc``) per request sent, ms."""
+
+
+class _ServerCPU:
+    """Counts a server's CPU from its creation to :meth:`done`, per request, under a row's name."""
+
+    def __init__(self, pid: int | None, row: str) -> None:
+        self.pid, self.row = pid, row
+        self.before = process_tree_cpu_s(pid) if pid else 0.0
+
+    def done(self, requests: int) -> None:
+        if self.pid and requests:
+            SERVER_CPU[self.row] = (process_tree_cpu_s(self.pid) - self.before) * 1000.0 / requests
+
+
 def _closed_loop(call: Any, count: int) -> LatencySummary:
     """One request at a time: the per-request latency, without queueing behind others."""
     latencies = []
@@ -282,11 +299,15 @@ def _http(settings: Any, users: list[str], rate: float, seconds: float, workdir:
 
             for i in range(min(500, closed)):
                 call(i)
-            results["shopstream serve GET /v1/users/{id}/recommendations, one at a time"] = _closed_loop(
-                call, closed)
+            row = "shopstream serve GET /v1/users/{id}/recommendations, one at a time"
+            cpu = _ServerCPU(proc.pid, row)
+            results[row] = _closed_loop(call, closed)
+            cpu.done(results[row].count + results[row].errors)
+            row = f"shopstream serve GET /v1/users/{{id}}/recommendations at {rate:,.0f}/s"
+            cpu = _ServerCPU(proc.pid, row)
             lat, errors, el = open_loop(call, rate=rate, count=count, max_seconds=seconds * 3)
-            results[f"shopstream serve GET /v1/users/{{id}}/recommendations at {rate:,.0f}/s"] = summarize(
-                lat, elapsed_s=el, errors=errors)
+            cpu.done(len(lat) + errors)
+            results[row] = summarize(lat, elapsed_s=el, errors=errors)
             RAW[f"shopstream serve at {rate:,.0f}/s"] = lat
         finally:
             http.close()
@@ -309,11 +330,15 @@ def _http(settings: Any, users: list[str], rate: float, seconds: float, workdir:
 
             for i in range(min(500, closed)):
                 feast_call(i)
-            results["feast serve POST /get-online-features (user_activity), one at a time"] = _closed_loop(
-                feast_call, closed)
+            row = "feast serve POST /get-online-features (user_activity), one at a time"
+            cpu = _ServerCPU(peer.process.pid, row)
+            results[row] = _closed_loop(feast_call, closed)
+            cpu.done(results[row].count + results[row].errors)
+            row = f"feast serve POST /get-online-features (user_activity) at {rate:,.0f}/s"
+            cpu = _ServerCPU(peer.process.pid, row)
             lat, errors, el = open_loop(feast_call, rate=rate, count=count, max_seconds=seconds * 3)
-            results[f"feast serve POST /get-online-features (user_activity) at {rate:,.0f}/s"] = summarize(
-                lat, elapsed_s=el, errors=errors)
+            cpu.done(len(lat) + errors)
+            results[row] = summarize(lat, elapsed_s=el, errors=errors)
             RAW[f"feast serve at {rate:,.0f}/s"] = lat
         finally:
             peer_http.close()
@@ -354,6 +379,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
                      categories=40, candidates=100)
         n = args.calls or (5_000 if args.quick else 20_000)
         RAW.clear()
+        SERVER_CPU.clear()
         measured = _in_process(settings, users, n)
         if not args.no_http:
             measured.update(_http(settings, users, args.rate, args.seconds or (3.0 if args.quick else 10.0),
@@ -361,7 +387,8 @@ def main(argv: list[str] | None = None) -> BenchResult:
     finally:
         server.stop()
     for system, summary in measured.items():
-        result.rows.append({"system": system, **summary.row()})
+        result.rows.append({"system": system, **summary.row(),
+                            "server_cpu_ms_per_request": SERVER_CPU.get(system)})
     in_process = {k: v for k, v in RAW.items() if " at " not in k and v}
     if in_process:
         result.plots.append(str(plot_latency_histograms(
@@ -380,6 +407,17 @@ def main(argv: list[str] | None = None) -> BenchResult:
         http_feast = next((v for k, v in measured.items() if k.startswith("feast serve") and k.endswith(mode)), None)
         if http_ours and http_feast and http_ours.count:
             result.ratios[f"HTTP p99 {mode}: feast serve / shopstream serve"] = http_feast.p99_ms / http_ours.p99_ms
+    cpu_ours = next((v for k, v in SERVER_CPU.items() if k.startswith("shopstream") and k.endswith("one at a time")), None)
+    cpu_feast = next((v for k, v in SERVER_CPU.items() if k.startswith("feast") and k.endswith("one at a time")), None)
+    if cpu_ours and cpu_feast:
+        result.ratios["server CPU per request, one at a time: feast serve / shopstream serve"] = cpu_feast / cpu_ours
+    if cpu_ours:
+        result.notes.append(
+            f"The HTTP client sends on one keep-alive connection, one request at a time, so at "
+            f"{args.rate:,.0f}/s each round trip must take under {1000 / args.rate:.1f} ms, the server's "
+            f"CPU for it included: shopstream serve took {cpu_ours:.2f} ms of CPU a request here (one "
+            f"worker: at most {1000 / cpu_ours:,.0f} requests/s of this CPU; SHOPSTREAM_API_WORKERS adds "
+            "workers). Above that, requests queue and the open-loop latencies grow with the run.")
     result.notes.append(
         f"{os.cpu_count()} CPUs shared with other work; load average at the end: "
         f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}. Same-run comparisons only."

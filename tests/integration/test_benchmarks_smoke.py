@@ -138,6 +138,11 @@ def test_serving_smoke(tmp_path: Path) -> None:
     assert feast_http["count"] > 0 and _positive(feast_http["p99_ms"])
     assert _positive(payload["ratios"]["in-process p99: Feast get_online_features / shopstream"])
     assert _positive(payload["ratios"]["HTTP p99 one at a time: feast serve / shopstream serve"])
+    # each server's CPU per request, from its processes' /proc counters (100+ requests: ticks)
+    ours_http = _row(payload, "shopstream serve GET /v1/users/{id}/recommendations, one at a time")
+    assert _positive(ours_http["server_cpu_ms_per_request"]) and _positive(feast_http["server_cpu_ms_per_request"])
+    assert ours["server_cpu_ms_per_request"] is None  # in process: no server
+    assert _positive(payload["ratios"]["server CPU per request, one at a time: feast serve / shopstream serve"])
     assert (results / "serving_in_process.png").is_file()
 
 
