@@ -315,6 +315,7 @@ class ViewSpec:
     description: str = ""
     optional: frozenset[str] = frozenset()
     _fields: tuple[bytes, ...] = field(init=False, repr=False, compare=False)
+    _timestamp_field: bytes = field(init=False, repr=False, compare=False)
     # per feature: (hash field, name, its null bytes, its encoder), looked up once
     _encoders: tuple[tuple[bytes, str, bytes, Any], ...] = field(
         init=False, repr=False, compare=False)
@@ -322,6 +323,7 @@ class ViewSpec:
     def __post_init__(self) -> None:
         fields = tuple(feature_field(self.name, f) for f, _ in self.features)
         object.__setattr__(self, "_fields", fields)
+        object.__setattr__(self, "_timestamp_field", timestamp_field(self.name))
         object.__setattr__(self, "_encoders", tuple(
             (fld, name, _NULL[kind], _ENCODERS[kind])
             for fld, (name, kind) in zip(fields, self.features, strict=True)))
@@ -343,16 +345,29 @@ class ViewSpec:
 
         The row needs the join key, every feature and ``event_timestamp``.
         """
-        mapping = {}
+        key, args = self.hset_args(row, project)
+        return key, dict(zip(args[::2], args[1::2], strict=True))
+
+    def hset_args(self, row: Mapping[str, Any], project: str = PROJECT) -> tuple[bytes, list[bytes]]:
+        """``(redis key, [field, value, field, value ...])``: :meth:`encode`'s hash as the
+        arguments of one ``HSET``, the event timestamp's field and value last.
+
+        Why a list: the Real-time feed encodes about one entity row a tile row, and
+        building the dict, then flattening it for ``HSET``, was a fifth of the encoding.
+        """
+        args: list[bytes] = []
+        append = args.append
         get = row.get if isinstance(row, dict) else None
         for fld, name, null, encoder in self._encoders:
             # a dict's get is the common case (finalized rows): no call per feature
             value = get(name, _ABSENT) if get is not None else _ABSENT
             if value is _ABSENT:
                 value = self._value(row, name)
-            mapping[fld] = null if value is None else encoder(value)
-        mapping[timestamp_field(self.name)] = encode_timestamp(row["event_timestamp"])
-        return self.redis_key(row[self.join_key], project), mapping
+            append(fld)
+            append(null if value is None else encoder(value))
+        append(self._timestamp_field)
+        append(encode_timestamp(row["event_timestamp"]))
+        return self.redis_key(row[self.join_key], project), args
 
     def _value(self, row: Mapping[str, Any], name: str) -> Any:
         try:

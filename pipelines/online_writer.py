@@ -90,11 +90,6 @@ def _as_dict(row: Any) -> Mapping[str, Any]:
     return row.asDict() if hasattr(row, "asDict") else row
 
 
-def _flat(mapping: Mapping[Any, Any]) -> list[Any]:
-    """``HSET`` arguments of a mapping: field, value, field, value ..."""
-    return [part for pair in mapping.items() for part in pair]
-
-
 @lru_cache(maxsize=4096)
 def _ts_nanos(data: bytes | None) -> int | None:
     """Nanoseconds of a serialized Timestamp (cached: a flush's rows share their clock's)."""
@@ -173,21 +168,21 @@ def write_entity_rows(
     return written
 
 
-EncodedRows = dict[bytes, tuple[int, dict[bytes, bytes]]]
-"""Entity rows of one view by Redis key: (event timestamp in ns, the hash to write)."""
+EncodedRows = dict[bytes, tuple[int, list[bytes]]]
+"""Entity rows of one view by Redis key: (event timestamp in ns, the row's ``HSET``
+arguments, :meth:`~features.feast_layout.ViewSpec.hset_args`)."""
 
 
 def encode_entity_rows(spec: ViewSpec, rows: Iterable[Any], project: str = PROJECT) -> EncodedRows:
     """Rows in Feast's layout, by Redis key; of several rows of one entity the latest
     event timestamp wins (the last of equal ones)."""
-    ts_field = timestamp_field(spec.name)
     encoded: EncodedRows = {}
     for row in rows:
-        key, mapping = spec.encode(_as_dict(row), project)
-        nanos = _ts_nanos(mapping[ts_field]) or 0
+        key, args = spec.hset_args(_as_dict(row), project)
+        nanos = _ts_nanos(args[-1]) or 0  # hset_args puts the event timestamp last
         previous = encoded.get(key)
         if previous is None or nanos >= previous[0]:
-            encoded[key] = (nanos, mapping)
+            encoded[key] = (nanos, args)
     return encoded
 
 
@@ -203,7 +198,7 @@ def add_entity_writes(batch: CommandBatch, encoded: EncodedRows, keys: Iterable[
                       ttl_seconds: int | None) -> None:
     """Queue ``HSET`` (+ ``EXPIRE`` with a TTL) of each of ``keys``' encoded rows."""
     for key in keys:
-        batch.add("HSET", key, *_flat(encoded[key][1]))
+        batch.add("HSET", key, *encoded[key][1])
         if ttl_seconds:
             batch.add("EXPIRE", key, ttl_seconds)
 

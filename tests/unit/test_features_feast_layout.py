@@ -98,6 +98,24 @@ def test_view_encode_decode_round_trip() -> None:
     assert decoded == {name: row[name] for name in ITEM_STATS.feature_names}
 
 
+def test_hset_args_are_the_encoded_hash_with_the_event_timestamp_last() -> None:
+    # the Real-time feed and the writers send these as one HSET; encode_entity_rows reads
+    # the event timestamp from the last argument, so its place is part of the contract
+    when = datetime(2024, 1, 1, 12, 30, 15, 250_000, tzinfo=UTC)
+    row = {"user_id": "u1", "event_timestamp": when, "views_1h": 2, "views_24h": 5, "carts_1h": 0,
+           "carts_24h": 1, "purchases_1h": 0, "purchases_24h": 1, "spend_1h": 0.0,
+           "spend_24h": 12.5, "distinct_items_viewed_1h": 2, "last_event_time": when,
+           "top_category": "c1", "category_affinity_ids": ["c1", "c2"],
+           "category_affinity_weights": [3.0, 1.0], "last_viewed_items": ["A", "B"],
+           "last_purchased_items": None}
+    key, args = USER_ACTIVITY.hset_args(row)
+    assert (key, dict(zip(args[::2], args[1::2], strict=True))) == USER_ACTIVITY.encode(row)
+    assert len(args) == 2 * (len(USER_ACTIVITY.features) + 1)
+    assert args[-2] == timestamp_field("user_activity")
+    assert decode_timestamp(args[-1]) == when
+    assert USER_ACTIVITY.decode(dict(zip(args[::2], args[1::2], strict=True)))["spend_24h"] == 12.5
+
+
 def test_a_row_without_an_optional_feature_encodes_it_as_null() -> None:
     # writers that build rows by hand predate last_purchased_items; a required feature still fails
     row = {"user_id": "u1", "event_timestamp": datetime(2024, 1, 1, tzinfo=UTC),
