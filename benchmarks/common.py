@@ -208,23 +208,45 @@ def process_tree_cpu_s(pid: int) -> float:
     (Linux): what a server spent, its worker processes included. Unlike its latency, a
     server's CPU per request hardly depends on what else the shared machine runs, and it
     says how many requests a second one worker can answer at most."""
-    import os
-
-    tick = os.sysconf("SC_CLK_TCK")
     total, todo, seen = 0.0, [pid], set()
     while todo:
         current = todo.pop()
-        if current in seen:
-            continue
-        seen.add(current)
-        try:
-            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-            for task in Path(f"/proc/{current}/task").iterdir():
-                todo.extend(int(child) for child in (task / "children").read_text().split())
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # gone meanwhile
+        if current not in seen:
+            seen.add(current)
+            total += process_cpu_s(current)
+            todo.extend(child_pids(current))
     return total
+
+
+def process_cpu_s(pid: int) -> float:
+    """User and system CPU seconds of one process (all its threads, not its children) from
+    ``/proc``; 0.0 once it is gone."""
+    import os
+
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def child_pids(pid: int) -> list[int]:
+    """The direct children of a process (every thread's, from ``/proc``); none once it is gone."""
+    children: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            children.extend(int(child) for child in (task / "children").read_text().split())
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return children
+
+
+def process_command(pid: int) -> str:
+    """A process's command line, its arguments joined by spaces ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
 
 
 def _cpu_count() -> int:

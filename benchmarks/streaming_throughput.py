@@ -48,7 +48,11 @@ from benchmarks.common import (
     RESULTS_DIR,
     BenchResult,
     bench_settings,
+    child_pids,
     plot_series,
+    process_command,
+    process_cpu_s,
+    process_tree_cpu_s,
     summarize,
     write_result,
 )
@@ -379,6 +383,86 @@ def _stop_driver(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+CPU_PARTS = {
+    "query_jvm": "the Real-time query's JVM",
+    "driver": "its driver (tile feed #0, the query's control)",
+    "feeds": "the other tile feeds' processes",
+    "sinks": "the Parquet sinks' process (its JVM, Python workers)",
+    "stream": "shopstream stream (its JVM and Python workers, in this process)",
+    "kafka": "the Kafka broker",
+    "redis": "redis-server",
+    "bench": "this benchmark's Python (live sender, probes)",
+}
+"""The parts whose CPU a freshness run reports (:func:`cpu_note`), in the note's order."""
+
+
+class CpuWindow:
+    """The CPU each part of a freshness run used, from ``/proc``, in cores (CPU seconds
+    per second of the run). Why: on a 2-core machine shared by the query, the feeds, the
+    Parquet sinks, the broker, Redis and this benchmark's sender, a mode that falls behind
+    may be short of CPU rather than slow, and the lag alone does not say which part took
+    the cores (one slow-hour run: the query's JVM 0.72 cores, the feeds 0.59, this
+    benchmark 0.27, of the 2).
+
+    The servers and this process are measured from :meth:`start`; a Real-time driver
+    (``driver_pid``) and its children are started inside the window, so all their CPU
+    counts (each child by what its command runs)."""
+
+    def __init__(self, settings: Any) -> None:
+        from pipelines.infra import KafkaBroker, RedisServer
+
+        self.servers = {"kafka": KafkaBroker(settings).process.pid,
+                        "redis": RedisServer(settings).process.pid}
+        self.before: dict[str, float] = {}
+        self.started = 0.0
+        self.cores: dict[str, float] = {}
+
+    def _servers(self, in_process_stream: bool) -> dict[str, float]:
+        used = {name: process_tree_cpu_s(pid) for name, pid in self.servers.items() if pid}
+        used["bench"] = process_cpu_s(os.getpid())
+        if in_process_stream:  # the micro-batch stream runs in this process's JVM and workers
+            used["stream"] = process_tree_cpu_s(os.getpid()) - used["bench"]
+        return used
+
+    def start(self, in_process_stream: bool = False) -> None:
+        self.before = self._servers(in_process_stream)
+        self.started = time.monotonic()
+
+    def stop(self, driver_pid: int | None = None) -> dict[str, float]:
+        """Fill :attr:`cores` (and return it): the window ends now. Call it before the
+        driver stops, while its children are alive."""
+        used = {name: cpu - self.before.get(name, 0.0)
+                for name, cpu in self._servers(driver_pid is None and "stream" in self.before).items()}
+        if driver_pid is not None:
+            used |= realtime_cpu_s(driver_pid)
+        wall = max(time.monotonic() - self.started, 1e-9)
+        self.cores.update({name: cpu / wall for name, cpu in used.items()})
+        self.cores["seconds"] = wall
+        return self.cores
+
+
+def realtime_cpu_s(driver_pid: int) -> dict[str, float]:
+    """CPU seconds a Real-time driver's process and each of its children have used, by
+    part (:data:`CPU_PARTS`): its JVM, its feed processes, its Parquet sinks' process
+    (with their own children)."""
+    used = {"query_jvm": 0.0, "driver": process_cpu_s(driver_pid), "feeds": 0.0, "sinks": 0.0}
+    for child in child_pids(driver_pid):
+        command = process_command(child)
+        part = ("sinks" if "--offline-only" in command else
+                "feeds" if "feed_process" in command else
+                "query_jvm" if command.split(" ", 1)[0].endswith("java") else "driver")
+        used[part] += process_tree_cpu_s(child)
+    return used
+
+
+def cpu_note(label: str, cores: dict[str, float]) -> str:
+    """One line: the cores each part used over a freshness run, and their sum."""
+    parts = [(name, cores[name]) for name in CPU_PARTS if name in cores]
+    return (f"{label}: CPU over the run's {cores['seconds']:.0f} s, in cores of the machine's "
+            f"{os.cpu_count()}: " + "; ".join(f"{CPU_PARTS[n]} {c:.2f}" for n, c in parts)
+            + f"; together {sum(c for _, c in parts):.2f}")
+
+
 PROBE_TIMEOUT_S = 60.0
 """How long a freshness probe waits for its item to be online before it counts as missed."""
 CAUGHT_UP_LAG_S = {"microbatch": 5.0, "realtime": 1.0}
@@ -548,6 +632,8 @@ def _freshness(settings: Any, spark: Any, mode: str, rate: float, probes: int,
             started.set()
 
     _clear_clock(run_settings, mode)
+    cpu = CpuWindow(run_settings)
+    cpu.start(in_process_stream=True)
     runner = threading.Thread(target=run, daemon=True)
     runner.start()
     started.wait(300)
@@ -558,19 +644,21 @@ def _freshness(settings: Any, spark: Any, mode: str, rate: float, probes: int,
     try:
         caught_up_s, last = _wait_for_clock(run_settings, mode, lambda: not error, 300)
         if caught_up_s is None:
-            return {"error": "the micro-batch query did not catch up with the live traffic "
+            return {"cpu": cpu.cores,  # filled in by the finally clause
+                    "error": "the micro-batch query did not catch up with the live traffic "
                              f"(clock within {CAUGHT_UP_LAG_S[mode]:.0f} s of now) within 300 s; "
                              f"at the end {last}"
                              + (f": {str(error[0]).splitlines()[0][:300]}" if error else "")}
         time.sleep(warmup_s)  # warm up: first batches, Python workers
         latencies, sent = _probe(settings, topic, probes, 0.5, PROBE_TIMEOUT_S, budget_s)
     finally:
+        cpu.stop()
         stop.set()
         sender.join()
         for query in queries:
             stop_gracefully(query)  # query.stop() mid-batch can overflow Spark's stack
         runner.join(120)
-    return {**probe_summary(latencies, sent), "caught_up_s": caught_up_s}
+    return {**probe_summary(latencies, sent), "caught_up_s": caught_up_s, "cpu": cpu.cores}
 
 
 def _realtime_freshness(run_settings: Any, topic: str, rate: float, probes: int,
@@ -587,6 +675,8 @@ def _realtime_freshness(run_settings: Any, topic: str, rate: float, probes: int,
     sender = threading.Thread(target=_send_live, args=(run_settings, topic, rate, stop), daemon=True)
     _clear_clock(run_settings, "realtime")
     _clear_clock(run_settings, "microbatch")  # the sinks' process publishes it
+    cpu = CpuWindow(run_settings)
+    cpu.start()
     proc = _realtime_driver(run_settings, log_path)
     started = time.monotonic()
 
@@ -597,7 +687,8 @@ def _realtime_freshness(run_settings: Any, topic: str, rate: float, probes: int,
 
     def failed(what: str, lag_s: float, last: str, waited: float = 300) -> dict[str, Any]:
         tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
-        return {"error": f"{what} did not catch up with the live traffic (clock within "
+        return {"cpu": cpu.cores,  # filled in by the finally clause
+                "error": f"{what} did not catch up with the live traffic (clock within "
                          f"{lag_s:.0f} s of now) within {waited:.0f} s; at the end {last}"
                          + (f" (exit {proc.returncode}: {' | '.join(tail)[:300]})"
                             if proc.poll() is not None else "")}
@@ -620,6 +711,7 @@ def _realtime_freshness(run_settings: Any, topic: str, rate: float, probes: int,
         latencies, sent = _probe(run_settings, topic, probes, 0.5, PROBE_TIMEOUT_S, budget_s)
         boundaries = epochs_logged(log_path) - epochs_before
     finally:
+        cpu.stop(proc.pid)
         stop.set()
         if sender.is_alive():
             sender.join()
@@ -629,7 +721,8 @@ def _realtime_freshness(run_settings: Any, topic: str, rate: float, probes: int,
     return {**probe_summary(latencies, sent), "caught_up_s": caught_up_s,
             "sinks_caught_up_s": sinks_s, "epoch_boundaries": boundaries,
             "sinks_niced_after_s": int(niced.group(1)) if niced else None,
-            "sinks_escalations": logged.count("has not caught up with the topic for")}
+            "sinks_escalations": logged.count("has not caught up with the topic for"),
+            "cpu": cpu.cores}
 
 
 def epochs_logged(log_path: Path) -> int:
@@ -857,6 +950,9 @@ def main(argv: list[str] | None = None) -> BenchResult:
                    "p50_s": fresh.get("p50_s"), "p99_s": fresh.get("p99_s"),
                    "max_s": fresh.get("max_s"), "rate": rate,
                    "caught_up_s": fresh.get("caught_up_s")}
+            if fresh.get("cpu"):
+                result.notes.append(cpu_note(label, fresh["cpu"]))
+                _say(cpu_note(label, fresh["cpu"]))
             if fresh.get("error"):
                 result.notes.append(f"{label}: could not run: {fresh['error']}")
             elif mode == "realtime":

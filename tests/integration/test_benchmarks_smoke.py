@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -103,6 +104,13 @@ def test_streaming_smoke(tmp_path: Path) -> None:
     assert [n for n in payload["notes"]
             if n.startswith("realtime: the Parquet sinks' process caught up after")
             and "its driver niced it" in n], _explain(payload)
+    # the CPU each part took over each freshness run (a part short of it explains a lag)
+    for label, part in (("microbatch", "shopstream stream"), ("realtime", "the Real-time query's JVM")):
+        cpu = [n for n in payload["notes"] if n.startswith(f"{label}: CPU over the run's")]
+        assert len(cpu) == 1, _explain(payload)
+        for name in (part, "the Kafka broker", "redis-server", "this benchmark's Python"):
+            used = re.search(re.escape(name) + r"[^;]* (\d+\.\d+)(;|$)", cpu[0])
+            assert used and float(used.group(1)) > 0, cpu[0]
 
 
 def test_tile_feed_smoke(tmp_path: Path) -> None:

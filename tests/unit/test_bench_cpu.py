@@ -1,0 +1,59 @@
+"""The freshness runs' CPU accounting: a Real-time driver's CPU by part, from ``/proc``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from benchmarks.streaming_throughput import cpu_note, realtime_cpu_s
+
+SPIN_S = 0.4
+# a child that burns SPIN_S of CPU, then waits (a part is counted while it is alive)
+SPIN = f"import time\nt=time.process_time()\nwhile time.process_time()-t<{SPIN_S}: pass\ntime.sleep(60)"
+
+
+@pytest.fixture()
+def driver():
+    """A stand-in for the Real-time driver: a process whose children run what the real
+    driver's do (by command line: a JVM, a feed process, the Parquet sinks' process)."""
+    script = (
+        "import subprocess, sys, time\n"
+        f"spin = {SPIN!r}\n"
+        "kids = [subprocess.Popen(['bash', '-c', 'exec -a /usr/lib/jvm/bin/java \"$0\" -c \"$1\"',"
+        " sys.executable, spin]),\n"
+        "        subprocess.Popen([sys.executable, '-c', spin, '-m', 'pipelines.streaming.feed_process']),\n"
+        "        subprocess.Popen([sys.executable, '-c', spin, 'stream', '--offline-only'])]\n"
+        "print('started', flush=True)\n"
+        "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
+    yield proc
+    import os
+    import signal
+
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_each_child_of_the_driver_counts_for_its_part(driver: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 30
+    used = realtime_cpu_s(driver.pid)
+    while min(used["query_jvm"], used["feeds"], used["sinks"]) < SPIN_S * 0.9:
+        assert time.monotonic() < deadline, used
+        time.sleep(0.1)
+        used = realtime_cpu_s(driver.pid)
+    for part in ("query_jvm", "feeds", "sinks"):
+        # each spun SPIN_S (a clock tick more at most) and was not counted twice
+        assert SPIN_S * 0.9 <= used[part] < SPIN_S * 2, used
+    assert used["driver"] < SPIN_S, used  # the driver itself only started them
+
+
+def test_the_note_names_each_part_and_the_sum() -> None:
+    note = cpu_note("realtime", {"query_jvm": 0.72, "feeds": 0.31, "kafka": 0.15, "seconds": 300.0})
+    assert note.startswith("realtime: CPU over the run's 300 s")
+    assert "the Real-time query's JVM 0.72" in note and "the Kafka broker 0.15" in note
+    assert note.endswith("together 1.18")
