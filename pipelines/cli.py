@@ -146,6 +146,22 @@ def infra_jars() -> None:
         out.print(f"{name}: {version}")
 
 
+@infra_app.command("class-archive")
+def infra_class_archive(
+    force: Annotated[bool, typer.Option(help="Build it again even if it exists.")] = False,
+) -> None:
+    """Build the class-data-sharing archive Spark's driver JVMs start with (cached; about
+    a minute): drivers start without it too, only slower."""
+    from pipelines.infra.class_archive import ClassArchiveError, build_archive
+
+    try:
+        path = build_archive(load_settings(), force=force)
+    except ClassArchiveError as exc:
+        console.print(f"[red]class archive not built:[/red] {exc}", markup=True, highlight=False)
+        raise typer.Exit(1) from None
+    out.print(f"Spark class archive: {path} ({path.stat().st_size / 1e6:.0f} MB)")
+
+
 def _print_status(status: dict[str, dict[str, object]]) -> None:
     table = Table(title="shopstream infrastructure")
     for col in ("component", "healthy", "address", "pid"):

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from importlib.resources import files
 from typing import TYPE_CHECKING, Any
 
+from pipelines.infra.class_archive import archive_option
 from pipelines.infra.jvm_jar import shopstream_jar
 from pipelines.settings import Settings
 
@@ -77,14 +78,17 @@ def jit_option(settings: Settings) -> str:
 
 def driver_java_options(settings: Settings, *, latency: bool = False) -> str:
     """The driver JVM's options: the project's (Derby's home under the data dir, the quiet
-    log4j2 config, the collector of :func:`gc_option`, the JIT flag of :func:`jit_option`),
-    then ``spark_driver_java_options`` (later flags win in HotSpot)."""
+    log4j2 config, the collector of :func:`gc_option`, the JIT flag of :func:`jit_option`,
+    the class archive of :func:`pipelines.infra.class_archive.archive_option`), then
+    ``spark_driver_java_options`` (later flags win in HotSpot)."""
+
     return " ".join(filter(None, (
         "-Dderby.system.home=" + settings.data_path("derby"),
         "-Dlog4j2.configurationFile=" + str(files("pipelines").joinpath("spark-log4j2.properties")),
         f"-Dshopstream.kafkaAttempts={settings.stream_kafka_attempts}",  # named in its lines
         gc_option(settings, latency=latency),
         jit_option(settings),
+        archive_option(settings),
         settings.spark_driver_java_options.strip(),
     )))
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -47,10 +49,12 @@ def test_parse_host_port_ipv6() -> None:
         parse_host_port("host:0")
 
 
-def test_driver_java_options_come_after_the_projects_own(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_driver_java_options_come_after_the_projects_own(monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path: Path) -> None:
     """An operator's JVM flags reach the driver, after the project's (HotSpot: the last wins)."""
     from pipelines.spark import driver_java_options
 
+    monkeypatch.setenv("SHOPSTREAM_CACHE_DIR", str(tmp_path))  # no class archive built there
     monkeypatch.setenv("SHOPSTREAM_SPARK_DRIVER_JAVA_OPTIONS", " -XX:TieredStopAtLevel=1 -Xss4m ")
     options = driver_java_options(Settings(_env_file=None, data_dir="/srv/shop")).split(" ")
     assert options[0] == "-Dderby.system.home=/srv/shop/derby"
@@ -60,6 +64,52 @@ def test_driver_java_options_come_after_the_projects_own(monkeypatch: pytest.Mon
                            "-XX:TieredStopAtLevel=1", "-Xss4m"]
     monkeypatch.delenv("SHOPSTREAM_SPARK_DRIVER_JAVA_OPTIONS")
     assert len(driver_java_options(Settings(_env_file=None)).split(" ")) == 5
+
+
+def test_drivers_start_with_the_class_archive_once_it_is_built(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    """The archive's option appears once the file is there, before the operator's flags; off
+    by the setting, or when the operator's flags decide class sharing themselves."""
+    from pipelines.infra.class_archive import archive_option, archive_path
+    from pipelines.spark import driver_java_options
+
+    monkeypatch.setenv("SHOPSTREAM_CACHE_DIR", str(tmp_path))
+    s = Settings(_env_file=None)
+    path = archive_path(s)
+    assert path is not None and path.parent == tmp_path / "jvm" and path.suffix == ".jsa"
+    assert archive_option(s) == ""  # not built: drivers start as before
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"archive")
+    assert archive_option(s) == f"-XX:SharedArchiveFile={path}"
+    monkeypatch.setenv("SHOPSTREAM_SPARK_DRIVER_JAVA_OPTIONS", "-Xss4m")
+    assert driver_java_options(Settings(_env_file=None)).split(" ")[-2:] == [
+        f"-XX:SharedArchiveFile={path}", "-Xss4m"]
+    for own in ("-Xshare:off", "-XX:SharedArchiveFile=/opt/mine.jsa", "-XX:ArchiveClassesAtExit=/tmp/a.jsa"):
+        monkeypatch.setenv("SHOPSTREAM_SPARK_DRIVER_JAVA_OPTIONS", own)
+        assert archive_option(Settings(_env_file=None)) == "", own
+    monkeypatch.delenv("SHOPSTREAM_SPARK_DRIVER_JAVA_OPTIONS")
+    monkeypatch.setenv("SHOPSTREAM_SPARK_CLASS_ARCHIVE", "false")
+    assert archive_option(Settings(_env_file=None)) == ""
+
+
+def test_the_class_archive_is_named_for_its_jvm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Another JVM (``JAVA_HOME``) gets an archive of its own, never one made by this one."""
+    import shutil
+
+    from pipelines.infra.class_archive import archive_path
+
+    java = shutil.which("java")
+    assert java is not None
+    s = Settings(_env_file=None, cache_dir=tmp_path)
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    here = archive_path(s)
+    other = tmp_path / "other-jdk"
+    (other / "bin").mkdir(parents=True)
+    (other / "bin" / "java").write_text("")
+    monkeypatch.setenv("JAVA_HOME", str(other))
+    assert archive_path(s) not in (None, here)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "missing"))
+    assert archive_path(s) is None
 
 
 def test_huge_generated_methods_are_compiled_unless_spark_splits_them(
