@@ -138,7 +138,8 @@ def _workload(workdir: Path) -> None:
     proc = SparkContext._gateway.proc  # type: ignore[union-attr]
     spark.stop()
     proc.stdin.close()  # the JVM exits on end of input (pyspark's gateway), writing the archive
-    proc.wait(timeout=600)
+    if proc.wait(timeout=600) != 0:  # killed or failed while writing it: not to be used
+        sys.exit(f"the JVM exited {proc.returncode} while writing the archive")
 
 
 if __name__ == "__main__":
