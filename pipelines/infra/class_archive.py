@@ -12,8 +12,9 @@ against 26.2 and 21.9 s without, alternating on the same machine.
 ``-XX:ArchiveClassesAtExit`` runs a small batch and streaming workload, and the JVM
 writes the classes it loaded when it exits); :func:`archive_option` then gives each
 driver ``-XX:SharedArchiveFile``. The archive is only valid for the JVM and the jars it
-was made with, so its file name is a digest of both (:func:`archive_path`); the JVM
-checks them again and runs without it, never fails, should they differ. Classes of the
+was made with, so it lives in the environment (:func:`archive_dir`) and its file name is
+a digest of both (:func:`archive_path`); the JVM checks them again and runs without it,
+never fails, should they differ. Classes of the
 ``spark.jars`` (the Kafka connector, shopstream's jar) and generated code are loaded as
 before.
 """
@@ -31,7 +32,7 @@ from pathlib import Path
 
 from pipelines.settings import Settings
 
-__all__ = ["archive_path", "archive_option", "build_archive", "ClassArchiveError"]
+__all__ = ["archive_dir", "archive_path", "archive_option", "build_archive", "ClassArchiveError"]
 
 _OPERATOR_CDS = re.compile(r"-XX:(SharedArchiveFile|ArchiveClassesAtExit)=|-Xshare:")
 """JVM options that decide class sharing: when the operator gives one, theirs wins."""
@@ -49,16 +50,29 @@ def _java() -> Path | None:
     return Path(found).resolve() if found and Path(found).exists() else None
 
 
-def archive_path(settings: Settings) -> Path | None:
-    """Where the archive of this JVM and these pyspark jars lives (``None``: no JVM)."""
+def archive_dir() -> Path:
+    """Where this environment's archives live: inside it (``<venv>/var/shopstream``), since
+    an archive holds the class path of its pyspark jars, so two checkouts (each its own
+    ``.venv``) cannot share one: a JVM given another's prints a warning and loads every
+    class again. It goes with the environment it belongs to."""
+    return Path(sys.prefix) / "var" / "shopstream"
+
+
+def archive_path() -> Path | None:
+    """The archive of this JVM and these pyspark jars (``None``: no JVM), named by a digest
+    of the JVM (its path, and its ``libjvm.so``'s size and time: an upgrade in place) and
+    of the jars (their folder and names)."""
     import pyspark
 
     java = _java()
     if java is None:
         return None
-    jars = sorted(p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar"))
-    digest = hashlib.sha256("\n".join([str(java), pyspark.__version__, *jars]).encode())
-    return Path(settings.cache_dir) / "jvm" / f"spark-{pyspark.__version__}-{digest.hexdigest()[:12]}.jsa"
+    jars_dir = Path(pyspark.__file__).resolve().parent / "jars"
+    libjvm = java.parent.parent / "lib" / "server" / "libjvm.so"
+    build = f"{libjvm.stat().st_size} {libjvm.stat().st_mtime_ns}" if libjvm.is_file() else ""
+    jars = sorted(p.name for p in jars_dir.glob("*.jar"))
+    digest = hashlib.sha256("\n".join([str(java), build, str(jars_dir), *jars]).encode())
+    return archive_dir() / f"spark-{pyspark.__version__}-{digest.hexdigest()[:12]}.jsa"
 
 
 def archive_option(settings: Settings) -> str:
@@ -66,7 +80,7 @@ def archive_option(settings: Settings) -> str:
     on; ``""`` otherwise, or when the operator's JVM options decide class sharing."""
     if not settings.spark_class_archive or _OPERATOR_CDS.search(settings.spark_driver_java_options):
         return ""
-    path = archive_path(settings)
+    path = archive_path()
     return f"-XX:SharedArchiveFile={path}" if path is not None and path.is_file() else ""
 
 
@@ -78,7 +92,7 @@ def build_archive(settings: Settings, *, force: bool = False, timeout_s: float =
     the moment the JVM writes the archive; the file is moved in only then, whole, so a
     driver never maps half of one.
     """
-    path = archive_path(settings)
+    path = archive_path()
     if path is None:
         raise ClassArchiveError("no java found (JAVA_HOME or PATH): Spark cannot start either")
     if path.is_file() and not force:
@@ -101,7 +115,7 @@ def build_archive(settings: Settings, *, force: bool = False, timeout_s: float =
         os.replace(staged, path)
     for stale in path.parent.glob("spark-*.jsa"):
         if stale != path:
-            stale.unlink(missing_ok=True)  # another JVM's or other jars': never valid again
+            stale.unlink(missing_ok=True)  # another JVM's or jars' of this environment: stale
     return path
 
 

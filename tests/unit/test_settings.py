@@ -52,9 +52,10 @@ def test_parse_host_port_ipv6() -> None:
 def test_driver_java_options_come_after_the_projects_own(monkeypatch: pytest.MonkeyPatch,
                                                          tmp_path: Path) -> None:
     """An operator's JVM flags reach the driver, after the project's (HotSpot: the last wins)."""
+    from pipelines.infra import class_archive
     from pipelines.spark import driver_java_options
 
-    monkeypatch.setenv("SHOPSTREAM_CACHE_DIR", str(tmp_path))  # no class archive built there
+    monkeypatch.setattr(class_archive, "archive_dir", lambda: tmp_path)  # no archive built there
     monkeypatch.setenv("SHOPSTREAM_SPARK_DRIVER_JAVA_OPTIONS", " -XX:TieredStopAtLevel=1 -Xss4m ")
     options = driver_java_options(Settings(_env_file=None, data_dir="/srv/shop")).split(" ")
     assert options[0] == "-Dderby.system.home=/srv/shop/derby"
@@ -70,13 +71,14 @@ def test_drivers_start_with_the_class_archive_once_it_is_built(monkeypatch: pyte
                                                                tmp_path: Path) -> None:
     """The archive's option appears once the file is there, before the operator's flags; off
     by the setting, or when the operator's flags decide class sharing themselves."""
+    from pipelines.infra import class_archive
     from pipelines.infra.class_archive import archive_option, archive_path
     from pipelines.spark import driver_java_options
 
-    monkeypatch.setenv("SHOPSTREAM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(class_archive, "archive_dir", lambda: tmp_path / "var")
     s = Settings(_env_file=None)
-    path = archive_path(s)
-    assert path is not None and path.parent == tmp_path / "jvm" and path.suffix == ".jsa"
+    path = archive_path()
+    assert path is not None and path.parent == tmp_path / "var" and path.suffix == ".jsa"
     assert archive_option(s) == ""  # not built: drivers start as before
     path.parent.mkdir(parents=True)
     path.write_bytes(b"archive")
@@ -92,24 +94,32 @@ def test_drivers_start_with_the_class_archive_once_it_is_built(monkeypatch: pyte
     assert archive_option(Settings(_env_file=None)) == ""
 
 
-def test_the_class_archive_is_named_for_its_jvm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Another JVM (``JAVA_HOME``) gets an archive of its own, never one made by this one."""
+def test_the_class_archive_is_named_for_its_jvm_and_lives_in_the_environment(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Another JVM (``JAVA_HOME``), or the same one rebuilt in place, gets an archive of its
+    own, never one made by this one; each environment (a checkout's ``.venv``) has its own."""
+    import os
     import shutil
+    import sys
 
     from pipelines.infra.class_archive import archive_path
 
-    java = shutil.which("java")
-    assert java is not None
-    s = Settings(_env_file=None, cache_dir=tmp_path)
+    assert shutil.which("java") is not None
     monkeypatch.delenv("JAVA_HOME", raising=False)
-    here = archive_path(s)
+    here = archive_path()
+    assert here is not None and here.is_relative_to(sys.prefix)
     other = tmp_path / "other-jdk"
     (other / "bin").mkdir(parents=True)
     (other / "bin" / "java").write_text("")
     monkeypatch.setenv("JAVA_HOME", str(other))
-    assert archive_path(s) not in (None, here)
+    before = archive_path()
+    assert before not in (None, here)
+    (other / "lib" / "server").mkdir(parents=True)
+    (other / "lib" / "server" / "libjvm.so").write_text("a JVM upgraded in place")
+    os.utime(other / "lib" / "server" / "libjvm.so", ns=(1, 1))
+    assert archive_path() not in (None, here, before)
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "missing"))
-    assert archive_path(s) is None
+    assert archive_path() is None
 
 
 def test_huge_generated_methods_are_compiled_unless_spark_splits_them(
