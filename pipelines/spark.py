@@ -81,7 +81,6 @@ def driver_java_options(settings: Settings, *, latency: bool = False) -> str:
     log4j2 config, the collector of :func:`gc_option`, the JIT flag of :func:`jit_option`,
     the class archive of :func:`pipelines.infra.class_archive.archive_option`), then
     ``spark_driver_java_options`` (later flags win in HotSpot)."""
-
     return " ".join(filter(None, (
         "-Dderby.system.home=" + settings.data_path("derby"),
         "-Dlog4j2.configurationFile=" + str(files("pipelines").joinpath("spark-log4j2.properties")),
