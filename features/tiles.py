@@ -72,6 +72,8 @@ __all__ = [
     "KEYED_TILE_COLUMNS",
     "sales_key",
     "keyed_tiles",
+    "ROLE_EVENT_COLUMNS",
+    "role_events",
 ]
 
 ACTIVITY_WEIGHTS: Mapping[str, float] = MappingProxyType(
@@ -423,6 +425,33 @@ def keyed_tiles(events: DataFrame, *, slide_seconds: int, last_items_n: int,
         return exploded.groupBy(*cols.group).agg(*cols.aggregates).select(*cols.output)
     return (exploded.select(cols.all, *cols.tile_group).groupBy(*cols.tile_group_names)
             .agg(*cols.aggregates).select(*cols.tile_output))
+
+
+ROLE_EVENT_COLUMNS: tuple[str, ...] = (
+    "kind", "key", "tile_start", "event_type", "event_us", "item_id", "category_id", "region",
+    "price", "quantity",
+)
+"""Columns of :func:`role_events`."""
+
+
+def role_events(events: DataFrame, *, slide_seconds: int) -> DataFrame:
+    """Each event once per role (:func:`keyed_tiles`' explode: a user event, an item event,
+    a purchase also a sale), keyed by ``(kind, key, tile_start)``, with no aggregation:
+    :data:`ROLE_EVENT_COLUMNS`, the event time in epoch microseconds (``event_us``).
+
+    Why: a consumer that folds these rows into tiles itself
+    (:func:`pipelines.streaming.pyfeatures.role_row` and ``merge_keyed``) reaches the rows
+    of :func:`keyed_tiles` without a streaming aggregation, the larger part of a Real-time
+    query's CPU (docs/streaming-performance.md).
+    """
+    cols = _keyed_columns(int(slide_seconds), 1)
+    exploded = events.select(*cols.used, "event_type", cols.role).select(
+        *cols.role_fields, *_named("event_type", "event_time", "item_id", "category_id",
+                                   "region", "price", "quantity"))
+    return exploded.select(
+        "kind", "key", tile_start_seconds("event_time", int(slide_seconds)).alias("tile_start"),
+        "event_type", F.unix_micros("event_time").alias("event_us"),
+        "item_id", "category_id", "region", "price", "quantity")
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,8 @@ __all__ = [
     "merge_sales",
     "MERGE",
     "TILE_OF_ROW",
+    "role_row",
+    "merge_keyed",
     "ItemMetadata",
     "finalize_user",
     "finalize_item",
@@ -170,6 +172,95 @@ def _sales_tile(row: Mapping[str, Any]) -> dict[str, Any]:
 
 TILE_OF_ROW = {"user": _user_tile, "item": _item_tile, "sales": _sales_tile}
 """A :func:`features.tiles.keyed_tiles` row (as a dict) -> the tile dict of its kind."""
+
+
+# ------------------------------------------ keyed_tiles rows of single events, merged
+ACTIVITY_WEIGHTS: Mapping[str, float] = {"view": 1.0, "add_to_cart": 3.0, "purchase": 5.0}
+""":data:`features.tiles.ACTIVITY_WEIGHTS` (a test holds them equal)."""
+_ROLE_SUMS = ("views", "carts", "purchases", "units")
+_LATEST_BY = {"category_id": "max_us", "item_id": "max_us", "region": "max_us", "price": "price_us"}
+"""The row's ``max_by`` columns and the time each is taken at (the latest event's, or the
+latest priced event's); equal times go to the greater value, as ``max_by`` of the struct
+(time, value) does."""
+
+
+def role_row(kind: str, key: str, tile_start: int, event: Mapping[str, Any], *,
+             last_items_n: int) -> dict[str, Any]:
+    """The :func:`features.tiles.keyed_tiles` row of one event in one of its roles.
+
+    Why: Real-time Mode's aggregation (Spark's streamline processor, its result
+    projection after every event and its 100-key cache of variable-width buffers) was
+    about three quarters of the Real-time query's CPU at 1,500 events/s
+    (docs/streaming-performance.md). A query that sends each event's roles as they are,
+    and a feed that folds them into tiles with :func:`merge_keyed`, reach the same rows
+    (``tests/integration/test_stream_state.py``).
+
+    ``event``: ``event_type``, ``event_us`` (epoch microseconds), ``item_id``,
+    ``category_id``, ``region``, ``price``, ``quantity`` of a valid event; ``kind`` and
+    ``key`` as the query's explode gives them (a sales key is Spark's ``url_encode``).
+    """
+    event_type, us, item = event["event_type"], int(event["event_us"]), event["item_id"]
+    user, sales = kind == "user", kind == "sales"
+    purchase = event_type == "purchase"
+    price = event["price"]
+    quantity = int(event["quantity"])
+    priced = kind == "item" and price is not None
+    entry = [{"event_us": us, "item_id": item}]
+    return {
+        "kind": kind, "key": key, "tile_start": int(tile_start),
+        "views": int(event_type == "view"), "carts": int(event_type == "add_to_cart"),
+        "purchases": int(purchase),
+        "spend": float(price) * float(quantity) if purchase else 0.0,
+        "units": quantity if purchase else 0,
+        "items_viewed": [item] if user and event_type == "view" else [],
+        "category_weights": ([{"category_id": event["category_id"],
+                               "weight": ACTIVITY_WEIGHTS[event_type]}] if user else []),
+        "last_viewed": entry if user and event_type == "view" and last_items_n > 0 else [],
+        "last_purchased": entry if user and purchase and last_items_n > 0 else [],
+        "category_id": None if user else event["category_id"],
+        "item_id": item if sales else None,
+        "region": None if user else event["region"],
+        "price": float(price) if priced else None,
+        "max_us": us,
+        "price_us": us if priced else None,
+    }
+
+
+def merge_keyed(a: Mapping[str, Any], b: Mapping[str, Any], *, last_items_n: int
+                ) -> dict[str, Any]:
+    """The :func:`features.tiles.keyed_tiles` row of the union of two event sets (same
+    kind, key and tile): what the aggregation gives, with the list orders of
+    :func:`merge_user` (items sorted, categories by id, last items latest first)."""
+    out: dict[str, Any] = {"kind": a["kind"], "key": a["key"], "tile_start": a["tile_start"]}
+    for name in _ROLE_SUMS:
+        out[name] = int(a[name]) + int(b[name])
+    out["spend"] = float(a["spend"]) + float(b["spend"])
+    if a["kind"] == "user":
+        weights: dict[str, float] = defaultdict(float)
+        for entry in (*a["category_weights"], *b["category_weights"]):
+            weights[entry["category_id"]] += float(entry["weight"])
+        out["items_viewed"] = sorted(set(a["items_viewed"]) | set(b["items_viewed"]))
+        out["category_weights"] = [{"category_id": c, "weight": w}
+                                   for c, w in sorted(weights.items())]
+        out["last_viewed"] = _latest_entries((*a["last_viewed"], *b["last_viewed"]),
+                                             last_items_n)
+        out["last_purchased"] = _latest_entries((*a["last_purchased"], *b["last_purchased"]),
+                                                last_items_n)
+    else:
+        for name in ("items_viewed", "category_weights", "last_viewed", "last_purchased"):
+            out[name] = []
+    for name, at in _LATEST_BY.items():
+        out[name] = _latest_value(a, b, name, at)
+    out["max_us"] = max(int(a["max_us"]), int(b["max_us"]))
+    times = [int(t) for t in (a["price_us"], b["price_us"]) if t is not None]
+    out["price_us"] = max(times) if times else None
+    return out
+
+
+def _latest_value(a: Mapping[str, Any], b: Mapping[str, Any], name: str, at: str) -> Any:
+    """``max_by(name, struct(time, name))`` of two rows' values (a null time: no value)."""
+    held = [(int(r[at]), r[name]) for r in (a, b) if r[at] is not None and r[name] is not None]
+    return max(held)[1] if held else None
 
 
 class ItemMetadata:

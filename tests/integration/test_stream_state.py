@@ -119,6 +119,61 @@ def _lists_ranked(tile: dict[str, Any]) -> bool:
     return True
 
 
+def test_single_events_folded_one_by_one_give_the_rows_of_keyed_tiles(spark: Any) -> None:
+    """Spark's role_events (each event once per role, no aggregation), each made a row by
+    role_row and folded with merge_keyed in order, give the rows Spark's one aggregation
+    gives for the whole set: every column, including the max_by ones (region, price and its
+    time), ties of equal times, a priced view, and a sales key Spark url-encodes."""
+    from features.tiles import role_events
+    from pipelines.stream_state import keyed_rows
+    from pipelines.streaming.pyfeatures import merge_keyed, role_row
+
+    tie = T0 + timedelta(seconds=60, microseconds=-1)
+    rows = _events(500, 11) + [
+        ("tie-a", "view", tie, "u0", "s", "i5", "c0", "UK", None, 1, "web"),
+        ("tie-b", "view", tie, "u0", "s", "i1", "c2", "FR", 9.5, 2, "web"),  # a priced view
+        ("tie-c", "purchase", tie, "u1", "s", "i1", "c1", "UK", 3.25, 3, "web"),
+        ("odd", "purchase", tie, "u2", "s", "i 2|x", "c/1", "Côte d'Ivoire", 1.5, 1, "web"),
+    ]
+    events = spark.createDataFrame(rows, EVENT_SCHEMA)
+    folded: dict[tuple[str, str, int], dict[str, Any]] = {}
+    roles = role_events(events, slide_seconds=60).toArrow().to_pylist()
+    assert len(roles) == 2 * len(rows) + sum(r[1] == "purchase" for r in rows)
+    for event in roles:
+        one = role_row(event["kind"], event["key"], event["tile_start"], event, last_items_n=3)
+        at = (event["kind"], event["key"], event["tile_start"])
+        folded[at] = merge_keyed(folded[at], one, last_items_n=3) if at in folded else one
+
+    whole = {(r["kind"], r["key"], r["tile_start"]): r for r in keyed_rows(
+        events, slide_seconds=60, last_items_n=3, partitions=2).toArrow().to_pylist()}
+    assert folded.keys() == whole.keys()
+    for at, want in whole.items():
+        got = folded[at]
+        assert set(got) == set(want), at
+        assert _canonical_row(got) == _canonical_row(want), at
+    # i1's last events in its first tile are two at one microsecond: each max_by takes the
+    # greater value (category c2 over c1, region UK over FR, price 9.50 over 3.25)
+    first = int(T0.timestamp())
+    item = folded[("item", "i1", first)]
+    assert (item["category_id"], item["region"], item["price"]) == ("c2", "UK", 9.5)
+    assert [e["item_id"] for e in folded[("user", "u0", first)]["last_viewed"]][:2] == ["i1", "i5"]
+    assert ("sales", "i+2%7Cx|c%2F1|C%C3%B4te+d%27Ivoire", first) in folded
+
+
+def _canonical_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A keyed row with its unordered parts sorted and its doubles to 1e-9."""
+    out = dict(row)
+    out["items_viewed"] = sorted(out["items_viewed"] or [])
+    out["category_weights"] = sorted((c["category_id"], round(c["weight"], 9))
+                                     for c in out["category_weights"] or [])
+    for name in ("last_viewed", "last_purchased"):
+        out[name] = [(int(e["event_us"]), e["item_id"]) for e in out[name] or []]
+    for name in ("spend", "price"):
+        if out[name] is not None:
+            out[name] = round(out[name], 9)
+    return out
+
+
 def test_item_metadata_from_keyed_tiles_equals_features_tiles(spark: Any) -> None:
     """The pass takes item metadata from the one aggregation's item rows; it must be
     :func:`features.tiles.item_metadata`, including a price older than the latest event."""

@@ -415,3 +415,10 @@ def test_replacing_a_tile_changes_the_sums_as_removing_it_and_adding_the_new_one
             slow.add(new, window, 1)
             assert state(fast) == state(slow), (seed, step, kind, window)
         base[rnd.randrange(len(base))] = new
+
+
+def test_the_python_activity_weights_are_the_tiles_weights() -> None:
+    from features.tiles import ACTIVITY_WEIGHTS
+    from pipelines.streaming import pyfeatures
+
+    assert dict(pyfeatures.ACTIVITY_WEIGHTS) == dict(ACTIVITY_WEIGHTS)
