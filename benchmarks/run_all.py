@@ -35,7 +35,7 @@ from benchmarks.common import RESULTS_DIR, describe_meta, machine_meta, read_res
 __all__ = ["BENCHMARKS", "DEFAULT_ARGS", "SMOKE_ARGS", "START", "END", "render_block", "rewrite_readme",
            "previous_tables", "main"]
 
-BENCHMARKS = ("streaming_throughput", "serving_latency", "training", "tile_feed")
+BENCHMARKS = ("streaming_throughput", "serving_latency", "training", "tile_feed", "realtime_query")
 README = Path(__file__).resolve().parents[1] / "README.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
@@ -44,6 +44,7 @@ SMOKE_ARGS: dict[str, list[str]] = {
                              "--warmup", "2", "--rate", "50", "--drains", "2",
                              "--peer-timeout", "600"],
     "tile_feed": ["--events", "3000", "--batch", "1000", "--repeats", "1"],
+    "realtime_query": ["--rate", "200", "--repeats", "1", "--warmup", "20", "--window", "5"],
     "serving_latency": ["--users", "200", "--calls", "300", "--closed", "100", "--seconds", "1",
                         "--rate", "100"],
     "training": ["--interactions", "20000", "--models", "popularity,popularity_region,item_knn,ease,als"],
@@ -91,6 +92,7 @@ def rewrite_readme(text: str, block: str) -> str:
 
 
 SECTION_HEADINGS = {"streaming_throughput": "### Streaming", "tile_feed": "### Real-time tile feed",
+                    "realtime_query": "### Real-time query",
                     "serving_latency": "### Serving", "training": "### Training"}
 """How each benchmark's table starts in the README block (its result's title)."""
 

@@ -434,7 +434,7 @@ ROLE_EVENT_COLUMNS: tuple[str, ...] = (
 """Columns of :func:`role_events`."""
 
 
-def role_events(events: DataFrame, *, slide_seconds: int) -> DataFrame:
+def role_events(events: DataFrame, *, slide_seconds: int, carry: Sequence[str] = ()) -> DataFrame:
     """Each event once per role (:func:`keyed_tiles`' explode: a user event, an item event,
     a purchase also a sale), keyed by ``(kind, key, tile_start)``, with no aggregation:
     :data:`ROLE_EVENT_COLUMNS`, the event time in epoch microseconds (``event_us``).
@@ -442,16 +442,17 @@ def role_events(events: DataFrame, *, slide_seconds: int) -> DataFrame:
     Why: a consumer that folds these rows into tiles itself
     (:func:`pipelines.streaming.pyfeatures.role_row` and ``merge_keyed``) reaches the rows
     of :func:`keyed_tiles` without a streaming aggregation, the larger part of a Real-time
-    query's CPU (docs/streaming-performance.md).
+    query's CPU (docs/streaming-performance.md). ``carry``: columns of ``events`` kept
+    after these (a stream's source partition and offset).
     """
     cols = _keyed_columns(int(slide_seconds), 1)
-    exploded = events.select(*cols.used, "event_type", cols.role).select(
+    exploded = events.select(*cols.used, "event_type", *carry, cols.role).select(
         *cols.role_fields, *_named("event_type", "event_time", "item_id", "category_id",
-                                   "region", "price", "quantity"))
+                                   "region", "price", "quantity", *carry))
     return exploded.select(
         "kind", "key", tile_start_seconds("event_time", int(slide_seconds)).alias("tile_start"),
         "event_type", F.unix_micros("event_time").alias("event_us"),
-        "item_id", "category_id", "region", "price", "quantity")
+        "item_id", "category_id", "region", "price", "quantity", *carry)
 
 
 @dataclass(frozen=True)

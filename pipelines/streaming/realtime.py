@@ -1181,10 +1181,47 @@ def realtime_tiles(spark: SparkSession, settings: Settings,
     the tile feed benchmark (``benchmarks/tile_feed.py``) makes its rows with this, from
     a topic of its own, so it measures the feed on the rows the query really sends.
     """
+    from features.tiles import keyed_tiles
+
+    tiles = keyed_tiles(_realtime_events(spark, settings, source_options),
+                        slide_seconds=settings.feature_slide_seconds,
+                        last_items_n=settings.feature_last_items_n)
+    return tile_messages(tiles)
+
+
+def realtime_roles(spark: SparkSession, settings: Settings,
+                   source_options: Mapping[str, str] | None = None) -> DataFrame:
+    """The same query without its aggregation: each valid, deduplicated event once per role
+    (:func:`features.tiles.role_events`), with its source partition and offset, as Kafka
+    messages keyed and partitioned as :func:`tile_messages` keys tiles. A consumer folds
+    them into the same tiles (:func:`pipelines.streaming.pyfeatures.role_row` and
+    ``merge_keyed``); the source offsets let it skip what a restarted query sends again.
+
+    Not yet what ``shopstream stream`` runs: ``benchmarks/realtime_query.py`` measures its
+    CPU against :func:`realtime_tiles` (the feed that folds the rows is still to come).
+    """
+    from pyspark.sql import functions as F
+
+    from features.tiles import role_events
+
+    roles = role_events(_realtime_events(spark, settings, source_options, carry=True),
+                        slide_seconds=settings.feature_slide_seconds,
+                        carry=("source_partition", "source_offset"))
+    return roles.select(
+        F.concat_ws("|", "kind", "key").alias("key"),
+        F.when(F.col("kind") == "sales", F.lit(SALES_PARTITION)).alias("partition"),
+        F.to_json(F.struct(*[F.col(c) for c in roles.columns]),
+                  {"ignoreNullFields": "false"}).alias("value"))
+
+
+def _realtime_events(spark: SparkSession, settings: Settings,
+                     source_options: Mapping[str, str] | None, *, carry: bool = False
+                     ) -> DataFrame:
+    """The events topic validated and deduplicated within the watermark (``carry``: with
+    each event's ``source_partition`` and ``source_offset``)."""
     from pyspark.sql import functions as F
 
     from features.events import EVENT_IDENTITY, VALID_COLUMNS
-    from features.tiles import keyed_tiles
     from features.validation import with_verdict
     from pipelines.stream import RAW_COLUMNS
 
@@ -1194,12 +1231,11 @@ def realtime_tiles(spark: SparkSession, settings: Settings,
            .options(**options).load())
     checked = with_verdict(raw.select(*RAW_COLUMNS), now=F.col("timestamp"),
                            check_key=settings.stream_check_key)
-    events = (checked.where(F.col("reason").isNull()).select(*VALID_COLUMNS)
-              .withWatermark("event_time", f"{settings.feature_allowed_lateness_seconds} seconds")
-              .dropDuplicates(list(EVENT_IDENTITY)))
-    tiles = keyed_tiles(events, slide_seconds=settings.feature_slide_seconds,
-                        last_items_n=settings.feature_last_items_n)
-    return tile_messages(tiles)
+    source = ((F.col("partition").alias("source_partition"),
+               F.col("offset").alias("source_offset")) if carry else ())
+    return (checked.where(F.col("reason").isNull()).select(*VALID_COLUMNS, *source)
+            .withWatermark("event_time", f"{settings.feature_allowed_lateness_seconds} seconds")
+            .dropDuplicates(list(EVENT_IDENTITY)))
 
 
 def _has_offsets(spark: SparkSession, checkpoint: str) -> bool:

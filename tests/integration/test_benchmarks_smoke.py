@@ -136,6 +136,21 @@ def test_tile_feed_smoke(tmp_path: Path) -> None:
     assert (results / "tile_feed.png").is_file()
 
 
+def test_realtime_query_smoke(tmp_path: Path) -> None:
+    """Both shapes of the Real-time query ran on live traffic (their JVMs used CPU, no query
+    failed) and the raw-Kafka peer read the traffic in the same run."""
+    payload, results, _ = _run_smoke("realtime_query", tmp_path)
+    tiles = _row(payload, "tiles")
+    roles = _row(payload, "role rows")
+    peer = _row(payload, "raw Kafka")
+    for row in (tiles, roles, peer):
+        assert row["runs"] == 1 and _positive(row["median_cores"]), _explain(payload)
+    assert _positive(peer["events_per_s"]), _explain(payload)
+    for ratio in ("CPU: tiles / raw Kafka", "CPU: role rows / raw Kafka", "CPU: tiles / role rows"):
+        assert _positive(payload["ratios"][ratio]), ratio
+    assert (results / "realtime_query.png").is_file()
+
+
 def test_serving_smoke(tmp_path: Path) -> None:
     payload, results, _ = _run_smoke("serving_latency", tmp_path)
     ours = _row(payload, "shopstream ServingClient.recommendations")

@@ -714,6 +714,69 @@ def keyed_rows_of(spark: Any, events: Any) -> list[dict[str, Any]]:
             for r in keyed_tiles(events, slide_seconds=60, last_items_n=4).collect()]
 
 
+def test_role_rows_spark_sends_through_kafka_fold_into_the_tiles_of_their_events(
+    spark: Any, make_settings: Callable[..., Settings], kafka_broker: Any, topic: str,
+    tmp_path: Path,
+) -> None:
+    """The Real-time query's shape without an aggregation (realtime_roles): from the events
+    topic (a duplicate and a malformed record among them) to Kafka messages, each event once
+    per role with its source partition and offset, sales on their own partition; folded in
+    order, they give keyed_tiles' rows of the valid, deduplicated events."""
+    import orjson
+
+    from pipelines.connections import kafka_consumer, kafka_producer
+    from pipelines.streaming.pyfeatures import merge_keyed, role_row
+    from pipelines.streaming.realtime import SALES_PARTITION, realtime_roles, tile_sink_options
+    from tests.integration.test_stream_state import _canonical_row
+
+    settings = make_settings(kafka_topic_events=f"{topic}.events", kafka_topic_rt_tiles=topic)
+    create_topic(settings, settings.kafka_topic_events)
+    rows = _events(200, 31, start=AS_OF - timedelta(minutes=20), span_s=1200)
+    names = EVENT_SCHEMA.replace(",", "").split()[0::2]
+    producer = kafka_producer(settings)
+    try:
+        for row in [*rows, rows[0]]:  # rows[0] twice: the query keeps it once
+            doc = {k: v for k, v in zip(names, row, strict=True) if v is not None}
+            doc["event_time"] = doc["event_time"].isoformat().replace("+00:00", "Z")
+            producer.send(settings.kafka_topic_events, key=doc["user_id"].encode(),
+                          value=orjson.dumps(doc))
+        producer.send(settings.kafka_topic_events, key=b"u0", value=b'{"event_id": "bad"')
+        producer.flush()
+    finally:
+        producer.close()
+
+    query = (realtime_roles(spark, settings, {"startingOffsets": "earliest"}).writeStream
+             .outputMode("update").format("kafka").options(**tile_sink_options(settings))
+             .option("checkpointLocation", str(tmp_path / "roles-checkpoint"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(300)
+    assert query.exception() is None
+
+    folded: dict[tuple[str, str, int], dict[str, Any]] = {}
+    sources: set[tuple[int, int]] = set()
+    reader = kafka_consumer(settings, topic, consumer_timeout_ms=3000)
+    try:
+        for message in reader:
+            event = orjson.loads(message.value)
+            assert message.key.decode() == f"{event['kind']}|{event['key']}"
+            if event["kind"] == "sales":
+                assert message.partition == SALES_PARTITION
+            sources.add((event["source_partition"], event["source_offset"]))
+            one = role_row(event["kind"], event["key"], event["tile_start"], event,
+                           last_items_n=4)
+            at = (event["kind"], event["key"], event["tile_start"])
+            folded[at] = merge_keyed(folded[at], one, last_items_n=4) if at in folded else one
+    finally:
+        reader.close()
+    assert len(sources) == len(rows)  # every valid event once, each with its own offset
+
+    expected = {(r["kind"], r["key"], r["tile_start"]): r
+                for r in keyed_rows_of(spark, spark.createDataFrame(rows, EVENT_SCHEMA))}
+    assert folded.keys() == expected.keys()
+    for at, want in expected.items():
+        assert _canonical_row(folded[at]) == _canonical_row(want), at
+
+
 def _sinks_process(log_path: Path, timeout_s: float = 60.0) -> int | None:
     """The pid of the Parquet sinks' process, from the driver's log line about it."""
     deadline = time.monotonic() + timeout_s
