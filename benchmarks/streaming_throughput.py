@@ -962,7 +962,9 @@ def main(argv: list[str] | None = None) -> BenchResult:
                     result.notes.append(
                         f"realtime: a driver of its own at local[{required_slots(settings)}] "
                         "(Real-time Mode holds every stage's tasks at once; the threads share "
-                        "the 2 cores)")
+                        "the 2 cores); the query sends its feeds "
+                        + ("role rows to fold (SHOPSTREAM_STREAM_REALTIME_SHAPE=roles)"
+                           if settings.stream_realtime_shape == "roles" else "whole tiles"))
                 result.notes.append(
                     f"{label}: {fresh['epoch_boundaries']} Real-time epoch boundaries during the "
                     f"probes (an epoch lasts {settings.stream_realtime_checkpoint_seconds} s; "

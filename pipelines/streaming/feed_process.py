@@ -93,12 +93,17 @@ class FeedProcess:
         from kafka import TopicPartition
 
         from pipelines.connections import kafka_consumer
-        from pipelines.streaming.realtime import FEED_GROUP, _partitions, feed_partitions
+        from pipelines.streaming.realtime import (
+            FEED_GROUP,
+            _partitions,
+            feed_partitions,
+            feed_topic,
+        )
 
         self.check()
         if self._consumer is None:
             self._consumer = kafka_consumer(self.settings, group_id=FEED_GROUP)
-        consumer, topic = self._consumer, self.settings.kafka_topic_rt_tiles
+        consumer, topic = self._consumer, feed_topic(self.settings)
         if self._tps is None:  # the topic's partitions are fixed while the job runs
             self._tps = [TopicPartition(topic, p) for p in
                          feed_partitions(_partitions(consumer, topic), self.index, self.feeds)]

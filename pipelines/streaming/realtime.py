@@ -13,6 +13,9 @@ events)::
       when T enters a new tile, a feature snapshot (below)
     (``stream_realtime_feeds`` > 1: feeds side by side, each on its share of the topic's
       partitions, the others processes: :mod:`pipelines.streaming.feed_process`)
+    (``stream_realtime_shape=roles``: no aggregation in the query; each event once per
+      role with its source offset, which the feeds fold into the same tiles, each applied
+      once: :mod:`pipelines.streaming.folding`)
 
 Why one aggregation: Real-time Mode (like every update-mode query) runs a single
 streaming aggregation per query, and a second query would read Kafka again, so
@@ -80,6 +83,7 @@ from pipelines.spark import STREAM_POOL, quiet_loggers, scheduler_pool
 from pipelines.stream import StreamFailed, is_kafka_outage, is_redis_outage
 from pipelines.stream_metrics import REALTIME_QUERY_NAME
 from pipelines.stream_state import DIRTY_TTL_SECONDS, dirty_key
+from pipelines.streaming.folding import RoleFolder
 from pipelines.streaming.heap import GcPauses, HeapFreezer, YoungThreshold
 from pipelines.streaming.pyfeatures import (
     TILE_OF_ROW,
@@ -109,6 +113,8 @@ __all__ = [
     "RealtimeQuery",
     "start_realtime",
     "tile_sink_options",
+    "feed_topic",
+    "realtime_checkpoint",
     "rt_tiles_key",
     "rt_clock_key",
     "rt_snapshot_keys",
@@ -276,6 +282,11 @@ class RealtimeWriter:
         self.textfile = realtime_textfile_path(settings, feed)
         self.gc_pauses: GcPauses | None = None  # set by the feed while it runs
         self._client: Any = None
+
+    @property
+    def client(self) -> Any:
+        """The writer's Redis client (the feed's fold reads and writes through it too)."""
+        return self._client
 
     def connect(self) -> None:
         import redis
@@ -621,9 +632,12 @@ class TileFeed:
         driver died: the next start's feed applies the rest from the committed offsets)."""
         self.settings = settings
         self.new_checkpoint = new_checkpoint
-        self.topic = settings.kafka_topic_rt_tiles
+        self.topic = feed_topic(settings)
         self.index, self.feeds = index, feeds
         self.writer = RealtimeWriter(settings, sales=index == 0, feed=index)
+        # the roles shape: rows to fold into tiles before the writer takes them
+        self.folder = (RoleFolder(settings) if settings.stream_realtime_shape == "roles"
+                       else None)
         self._stop = stop or threading.Event()
         self._abandoned = abandoned or (lambda: False)
         self._idle = threading.Event()
@@ -714,6 +728,8 @@ class TileFeed:
                             continue
                         replay = True
                     if replay:  # after an outage of either: a Kafka call, handled below
+                        if self.folder is not None:  # what it folded may not be stored
+                            self.folder.reset()
                         self._rewind(consumer, tps)
                         if kafka.down_since is not None:
                             # the offset lookup is answered by the group's coordinator; the
@@ -728,9 +744,7 @@ class TileFeed:
                     if records:
                         last_heard = cycle
                         self._idle.clear()
-                        for record in records:
-                            self.writer.add(orjson.loads(record.value), record.timestamp / 1000)
-                        self.writer.flush()
+                        self._apply(records)
                         redis_out.back()
                         uncommitted = True
                         if time.monotonic() - last_commit >= COMMIT_SECONDS:
@@ -798,6 +812,28 @@ class TileFeed:
             young.remove()
             consumer.close()
             self.writer.disconnect()
+
+    def _apply(self, records: list[Any]) -> None:
+        """One poll's records to Redis: full tiles as they are; role rows (the ``roles``
+        shape) folded first, then written, then the fold's rows and marks
+        (:class:`pipelines.streaming.folding.RoleFolder`), before any commit."""
+        writer = self.writer
+        if self.folder is None:
+            for record in records:
+                writer.add(orjson.loads(record.value), record.timestamp / 1000)
+            writer.flush()
+            return
+        skipped = self.folder.skipped
+        folded = self.folder.fold(writer.client, ((r.partition, r.value, r.timestamp / 1000)
+                                                  for r in records))
+        if self.folder.skipped > skipped:  # a restart's replay: said, as it is not lost work
+            log.info("real-time tile feed #%d: %d role rows skipped, applied before (sent "
+                     "again by a restarted query, or read again since the last commit)",
+                     self.index, self.folder.skipped - skipped)
+        for tile in folded:
+            writer.add(tile.row, tile.sent_s)
+        writer.flush()
+        self.folder.persist(writer.client)
 
     def _warn_unread(self, consumer: Any, tps: list[Any]) -> None:
         """Say so when a new checkpoint's feed starts with another query's tiles to write.
@@ -980,7 +1016,7 @@ def ensure_topic(settings: Settings) -> int:
 
     from pipelines.connections import kafka_admin
 
-    topic = settings.kafka_topic_rt_tiles
+    topic = feed_topic(settings)
     admin = kafka_admin(settings)
     try:
         if topic not in set(admin.list_topics()):
@@ -1014,7 +1050,7 @@ class Feeds:
             if "stream_realtime_feeds" in settings.model_fields_set:
                 raise ValueError(
                     f"SHOPSTREAM_STREAM_REALTIME_FEEDS={n} is more than the tile topic's "
-                    f"{partitions} partitions ({settings.kafka_topic_rt_tiles}): a feed applies "
+                    f"{partitions} partitions ({feed_topic(settings)}): a feed applies "
                     "whole partitions, so some would have none")
             n = partitions
         self.count = n
@@ -1197,8 +1233,9 @@ def realtime_roles(spark: SparkSession, settings: Settings,
     them into the same tiles (:func:`pipelines.streaming.pyfeatures.role_row` and
     ``merge_keyed``); the source offsets let it skip what a restarted query sends again.
 
-    Not yet what ``shopstream stream`` runs: ``benchmarks/realtime_query.py`` measures its
-    CPU against :func:`realtime_tiles` (the feed that folds the rows is still to come).
+    What ``shopstream stream`` runs with ``stream_realtime_shape=roles``; the feeds fold the
+    rows (:mod:`pipelines.streaming.folding`). ``benchmarks/realtime_query.py`` measures
+    its CPU against :func:`realtime_tiles`.
     """
     from pyspark.sql import functions as F
 
@@ -1245,13 +1282,28 @@ def _has_offsets(spark: SparkSession, checkpoint: str) -> bool:
     return uri_exists(spark, f"{checkpoint.rstrip('/')}/offsets")
 
 
+def feed_topic(settings: Settings) -> str:
+    """The topic from the Real-time query to its feeds: ``kafka_topic_rt_tiles`` for full
+    tiles, ``<it>.roles`` for role rows (``stream_realtime_shape``): a feed takes one kind."""
+    topic = settings.kafka_topic_rt_tiles
+    return topic if settings.stream_realtime_shape == "tiles" else f"{topic}.roles"
+
+
+def realtime_checkpoint(settings: Settings) -> str:
+    """The Real-time query's checkpoint; each shape has its own (their state differs)."""
+    from pipelines.stream import query_checkpoint
+
+    name = QUERY_NAME if settings.stream_realtime_shape == "tiles" else f"{QUERY_NAME}-roles"
+    return query_checkpoint(settings, name)
+
+
 def tile_sink_options(settings: Settings) -> dict[str, str]:
     """The Real-time query's Kafka sink: the connection, the tile topic, and the producer's
     linger (``stream_realtime_tiles_linger_ms``: a request per tile cost the broker and
     the query's JVM a fifth of the machine at 2,000 events/s)."""
     return {**settings.spark_kafka_options(),
             "kafka.linger.ms": str(settings.stream_realtime_tiles_linger_ms),
-            "topic": settings.kafka_topic_rt_tiles}
+            "topic": feed_topic(settings)}
 
 
 def start_realtime(spark: SparkSession, settings: Settings, *,
@@ -1259,11 +1311,12 @@ def start_realtime(spark: SparkSession, settings: Settings, *,
     """Start the Real-time online query (see the module docstring); returns at once.
     ``snapshots=False``: no feature snapshots are written at the stop (the entities are
     still noted, and the requests stay in Redis)."""
-    from pipelines.stream import check_checkpoint_topic, query_checkpoint
+    from pipelines.stream import check_checkpoint_topic
 
-    checkpoint = query_checkpoint(settings, QUERY_NAME)
+    checkpoint = realtime_checkpoint(settings)
     check_checkpoint_topic(spark, checkpoint, settings)
-    out = realtime_tiles(spark, settings)
+    roles = settings.stream_realtime_shape == "roles"
+    out = (realtime_roles if roles else realtime_tiles)(spark, settings)
     partitions = ensure_topic(settings)
     feed = Feeds(settings, new_checkpoint=not _has_offsets(spark, checkpoint),
                  partitions=partitions)
@@ -1287,7 +1340,8 @@ def start_realtime(spark: SparkSession, settings: Settings, *,
         raise
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", previous)
-    log.info("real-time online query %s started (checkpoint every %ss), tiles via %s to %d "
+    log.info("real-time online query %s started (checkpoint every %ss), %s via %s to %d "
              "feed%s", QUERY_NAME, settings.stream_realtime_checkpoint_seconds,
-             settings.kafka_topic_rt_tiles, feed.count, "s" if feed.count > 1 else "")
+             "role rows to fold" if roles else "tiles", feed_topic(settings), feed.count,
+             "s" if feed.count > 1 else "")
     return RealtimeQuery(query, feed, spark, settings, snapshots=snapshots)

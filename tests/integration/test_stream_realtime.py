@@ -849,34 +849,37 @@ def _threads_nice(pid: int) -> set[int]:
 
 
 def _realtime_settings(make_settings: Callable[..., Settings], tmp_path: Path,
-                       prefix: str) -> Settings:
+                       prefix: str, shape: str = "tiles") -> Settings:
     """A Real-time job's settings on a topic of its own (created): 5 s epochs, two tile feeds
     (the second a process), the task slots Real-time Mode holds at once, and a 10 s trigger
     for the Parquet sinks' process (not the 30 s default: ``--until-idle`` waits a trigger
-    interval before it stops that process, and the end-to-end test runs it twice)."""
+    interval before it stops that process, and the end-to-end test runs it twice); ``shape``:
+    what the query sends its feeds (``stream_realtime_shape``)."""
     from pipelines.streaming.realtime import required_slots
 
     topic = f"{prefix}.{tmp_path.name[-20:]}".replace("_", "-")
     settings = stream_settings(make_settings, tmp_path, topic, stream_mode="realtime",
                                stream_realtime_checkpoint_seconds=5, stream_realtime_feeds=2,
-                               stream_realtime_offline_trigger_seconds=10.0)
+                               stream_realtime_offline_trigger_seconds=10.0,
+                               stream_realtime_shape=shape)
     settings = settings.model_copy(update={"spark_master": f"local[{required_slots(settings)}]"})
     create_topic(settings, topic)
     return settings
 
 
+@pytest.mark.parametrize("shape", ["tiles", "roles"])
 def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
     make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any, spark: Any,
-    tmp_path: Path,
+    tmp_path: Path, shape: str,
 ) -> None:
     """Wave 1 only (no late events): the Real-time online values equal the batch values, and
     the feature snapshots hold what serving read. The first 300 records go in before the
     job starts, the rest once the feed has written them, so the clock enters new tiles
     after the feed's first flush and snapshots are due (one flush of everything asks for
-    none)."""
+    none). Both shapes: full tiles from the query, or role rows the feeds fold."""
     from pipelines.streaming.realtime import STOP_NOISE_LOGGERS, rt_snapshot_keys
 
-    settings = _realtime_settings(make_settings, tmp_path, "rtm")
+    settings = _realtime_settings(make_settings, tmp_path, "rtm", shape)
     first = wave1()
     produce(settings, first[:300])
     env = _env(settings)
@@ -969,31 +972,34 @@ def test_stream_in_real_time_mode_writes_what_the_batch_recomputes(
     assert "blocking the event loop" not in logged  # kafka-python's slow-step noise is dropped
 
 
+@pytest.mark.parametrize("shape", ["tiles", "roles"])
 def test_real_time_mode_killed_twice_mid_stream_gives_the_same_results(
     make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any, spark: Any,
-    tmp_path: Path,
+    tmp_path: Path, shape: str,
 ) -> None:
     """``kill -9`` of the Real-time driver (its JVM with it; the Parquet sinks' process gets
     the kernel's parent-death signal) twice while it writes, each time restarted at once,
     as a supervisor would: the query replays its input since its last epoch, the feed its
     tiles since its last commit, both rewriting the same full values, and the sinks'
-    process its micro-batch. The stores end exactly as the batch recomputation says."""
+    process its micro-batch. The stores end exactly as the batch recomputation says. With
+    role rows (``roles``) a replay is increments, not full values: the feeds skip what they
+    applied before by its source offset."""
     import signal
 
     from pipelines.stream import query_checkpoint
-    from pipelines.streaming.realtime import QUERY_NAME, rt_clock_key
+    from pipelines.streaming.realtime import feed_topic, realtime_checkpoint, rt_clock_key
 
-    settings = _realtime_settings(make_settings, tmp_path, "rtkill")
+    settings = _realtime_settings(make_settings, tmp_path, "rtkill", shape)
     first = wave1()
     env = _env(settings)
     log_path = tmp_path / "stream.log"
-    rt_commits = Path(query_checkpoint(settings, QUERY_NAME)) / "commits"
+    rt_commits = Path(realtime_checkpoint(settings)) / "commits"
     sink_commits = Path(query_checkpoint(settings)) / "commits"
     sent = 0
     for part in (1, 2):  # two crashes, each while the feed is writing what was just sent
         cut = part * len(first) // 3
-        produce(settings, first[sent:cut])
-        sent = cut
+        mid = (sent + cut) // 2
+        produce(settings, first[sent:mid])
         clock_before = redis_client.get(rt_clock_key())
         epochs_before, batches_before = _committed(rt_commits), _committed(sink_commits)
         with open(log_path, "ab") as log:
@@ -1011,7 +1017,20 @@ def test_real_time_mode_killed_twice_mid_stream_gives_the_same_results(
                 assert job.poll() is None, log_path.read_text()[-3000:]
                 assert time.monotonic() < deadline, "no tiles, epoch or batch within 600 s"
                 time.sleep(0.1)
-            time.sleep(0.5 * part)  # somewhere inside the writes and the sinks' batches
+            # more input right after an epoch's checkpoint (5 s epochs), the kill once the
+            # query has sent rows of it: the next query sends them again
+            epochs = _committed(rt_commits)
+            while _committed(rt_commits) == epochs:
+                assert time.monotonic() < deadline, "no second epoch within 600 s"
+                time.sleep(0.05)
+            rows_before = _topic_end(settings, feed_topic(settings))
+            produce(settings, first[mid:cut])
+            sent = cut
+            while _topic_end(settings, feed_topic(settings)) == rows_before:
+                assert job.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, "the query sent nothing within 600 s"
+                time.sleep(0.05)
+            time.sleep(0.3 * part)  # somewhere inside the feeds' writes and the sinks' batches
             feed = _feed_process(log_path)
             assert feed is not None and _alive(feed), log_path.read_text()[-3000:]
         finally:
@@ -1033,6 +1052,22 @@ def test_real_time_mode_killed_twice_mid_stream_gives_the_same_results(
             if job.poll() is None:
                 job.kill()
     check_stores(spark, settings, expected_outcome(first))
+    if shape == "roles":  # the replays happened, and were skipped, not applied twice
+        assert "role rows skipped, applied before" in log_path.read_text()
+
+
+def _topic_end(settings: Settings, topic: str) -> int:
+    """Messages a topic has held (the sum of its partitions' end offsets)."""
+    from kafka import TopicPartition
+
+    from pipelines.connections import kafka_consumer
+
+    consumer = kafka_consumer(settings)
+    try:
+        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        return sum(consumer.end_offsets(tps).values()) if tps else 0
+    finally:
+        consumer.close()
 
 
 def _committed(commits: Path) -> int:
