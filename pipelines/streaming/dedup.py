@@ -39,6 +39,7 @@ __all__ = [
     "dedup_watermark_delay",
     "deduplicated",
     "stamped",
+    "written_operator",
 ]
 
 DEDUP_KEY = "_dedup_key"
@@ -196,10 +197,11 @@ def check_checkpoint(spark: object, checkpoint: str, settings: Settings) -> Grou
     fs = path.getFileSystem(conf)
     if not fs.exists(path):
         return NEW_GROUP_KEY
-    names = [status.getPath().getName() for status in fs.listStatus(path)]
-    # Spark writes "metadata" (v1) for dropDuplicatesWithinWatermark and a "v2" folder
-    # (with the state's schema) for transformWithState
-    written = "bucketed" if "v2" in names else "spark"
+    written = written_operator([status.getPath().getName() for status in fs.listStatus(path)])
+    if written is None:
+        # a job killed while Spark was writing the first batch's metadata: that batch was
+        # never committed and runs again, with this job's operator
+        return NEW_GROUP_KEY
     if written != settings.stream_dedup:
         raise DedupSettingError(
             f"the checkpoint {checkpoint} was written with SHOPSTREAM_STREAM_DEDUP={written}; "
@@ -208,6 +210,21 @@ def check_checkpoint(spark: object, checkpoint: str, settings: Settings) -> Grou
     if written == "spark":
         return NEW_GROUP_KEY
     return _written_group_key(jvm, fs, f"{state}/_stateSchema/default")
+
+
+def written_operator(names: list[str]) -> Literal["spark", "bucketed"] | None:
+    """The dedup operator whose metadata a checkpoint's ``state/0/_metadata`` folder holds,
+    from the names in it; ``None`` when it holds neither's (yet).
+
+    Spark writes a ``metadata`` file (v1) for ``dropDuplicatesWithinWatermark`` and a
+    ``v2`` folder for ``transformWithState``. A job killed in the first batch can leave the
+    folder empty, or with only a temporary file in it: that says nothing of the operator.
+    """
+    if "v2" in names:
+        return "bucketed"
+    if "metadata" in names:
+        return "spark"
+    return None
 
 
 def _written_group_key(jvm: object, fs: object, schemas: str) -> GroupKey:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -448,6 +449,37 @@ def test_a_checkpoint_keeps_the_dedup_it_was_started_with(
     # the same operator resumes where it stopped
     again = run_stream(settings, StreamOptions(stop="available_now"), spark=spark).history
     assert sum(m.input_rows for m in again) == 0
+
+
+def test_a_job_killed_while_spark_wrote_its_first_state_metadata_restarts(
+    make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any, spark: Any,
+    tmp_path: Path,
+) -> None:
+    """A kill -9 in the first batch can leave the dedup state's ``_metadata`` folder empty
+    (Spark creates it before the operator's file): the restart runs that batch again
+    instead of refusing the checkpoint as the other operator's (a CI run saw this)."""
+    from pipelines.stream import StreamOptions, query_checkpoint, run_stream
+    from pipelines.streaming.dedup import check_checkpoint
+
+    topic = f"dedup-killed.{tmp_path.name[-20:]}".replace("_", "-")
+    settings = stream_settings(make_settings, tmp_path, topic)
+    create_topic(settings, topic)
+    now = datetime.now(UTC)
+    produce(settings, [Sent(b"u1", _event("k-1", now, user="u1"), _ms(now)),
+                       Sent(b"u1", _event("k-1", now, user="u1"), _ms(now))])
+    assert settings.stream_dedup == "bucketed"
+    first = run_stream(settings, StreamOptions(stop="available_now"), spark=spark).history
+    assert [m.batch_id for m in first] == [0]
+    # what the kill leaves: batch 0 planned, not committed, its operator's file not written
+    checkpoint = Path(query_checkpoint(settings))
+    for commit in (checkpoint / "commits").iterdir():
+        commit.unlink()
+    shutil.rmtree(checkpoint / "state" / "0" / "_metadata" / "v2")
+    assert list((checkpoint / "state" / "0" / "_metadata").iterdir()) == []
+
+    again = run_stream(settings, StreamOptions(stop="available_now"), spark=spark).history
+    assert [(m.batch_id, m.input_rows, m.duplicates_dropped) for m in again] == [(0, 2, 1)]
+    assert check_checkpoint(spark, str(checkpoint), settings) == "bigint"
 
 
 def test_a_checkpoint_with_string_dedup_groups_resumes_with_them(
