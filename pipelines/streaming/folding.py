@@ -53,11 +53,14 @@ def folded_key(kind: str, key: str) -> str:
     return online_keys.key("tiles", "rtk", kind, online_keys.encode_part(key))
 
 
-def marks_key() -> str:
-    """The highest source offset applied per (tile partition, source partition, kind)."""
+def marks_key(events_topic: str) -> str:
+    """The highest offset of ``events_topic`` applied per (tile partition, source partition,
+    kind). Named by the topic: a job moved to another events topic (a new checkpoint, the
+    same online store) starts its offsets anew instead of skipping those the old one
+    reached. (A topic deleted and created again under its name is not told apart.)"""
     from features import online_keys
 
-    return online_keys.key("stream", "rt", "marks")
+    return online_keys.key("stream", "rt", "marks", online_keys.encode_part(events_topic))
 
 
 def _mark_field(partition: int, source_partition: int, kind: str) -> str:
@@ -87,6 +90,7 @@ class RoleFolder:
         self.ttl = settings.online_ttl_seconds
         # a tile takes rows until the watermark passes it: kept this long after it starts
         self.keep_s = settings.feature_slide_seconds + settings.feature_allowed_lateness_seconds
+        self.marks_name = marks_key(settings.kafka_topic_events)
         self._rows: dict[tuple[str, str, int], dict[str, Any]] = {}
         self._marks: dict[str, int] | None = None
         self._dirty_rows: dict[tuple[str, str, int], dict[str, Any]] = {}
@@ -111,7 +115,7 @@ class RoleFolder:
         changed, each once with its full row. One Redis round trip for the marks (first
         fold only) and one for the rows not in memory."""
         if self._marks is None:
-            stored = as_dict(client.hgetall(marks_key()))
+            stored = as_dict(client.hgetall(self.marks_name))
             self._marks = {(k.decode() if isinstance(k, bytes) else k): int(v)
                            for k, v in stored.items()}
         marks = self._marks
@@ -169,7 +173,7 @@ class RoleFolder:
         for name in names:
             batch.add("EXPIRE", name, self.ttl)
         if self._dirty_marks:
-            batch.add("HSET", marks_key(),
+            batch.add("HSET", self.marks_name,
                       *[x for mark, offset in self._dirty_marks.items() for x in (mark, offset)])
         batch.execute_transaction()
         self._dirty_rows.clear()

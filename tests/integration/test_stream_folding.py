@@ -113,8 +113,26 @@ def test_each_role_row_is_applied_once_across_restarts_replays_and_a_crash(
         by_mark.setdefault((partition, e["source_partition"], e["source_offset"]),
                            set()).add(e["kind"])
     assert any(len(kinds) > 1 for kinds in by_mark.values())
-    marks = {k.decode(): int(v) for k, v in redis_client.hgetall(marks_key()).items()}
+    marks = {k.decode(): int(v) for k, v in redis_client.hgetall(marks_key(settings.kafka_topic_events)).items()}
     assert marks and all(field.count("|") == 2 for field in marks)
+
+
+def test_a_job_moved_to_another_events_topic_skips_none_of_its_offsets(
+    settings: Settings, redis_client: Any,
+) -> None:
+    """The marks are the old topic's offsets: a job moved to a new topic (a new checkpoint,
+    the same online store) reads that topic's offsets from 0 again, and must apply them."""
+    n = settings.feature_last_items_n
+    old, new = _messages(200, 13), _messages(200, 17)
+    folder = RoleFolder(settings)
+    folder.fold(redis_client, old)
+    folder.persist(redis_client)
+    moved = RoleFolder(settings.model_copy(update={"kafka_topic_events": "other.events"}))
+    moved.fold(redis_client, new)
+    moved.persist(redis_client)
+    assert moved.skipped == 0
+    expected = _once(old + new, n)
+    assert _stored(redis_client, expected) == expected
 
 
 def test_an_outage_reset_folds_again_from_what_is_stored(
