@@ -4,14 +4,15 @@ The Real-time query (``shopstream stream --mode realtime``) reads the events top
 validates, deduplicates within the watermark and sends to a Kafka topic for the tile feed.
 Two shapes of it, on the same live traffic:
 
-- **tiles** (what the stream runs by default, :func:`pipelines.streaming.realtime.realtime_tiles`):
+- **tiles** (what the stream runs with ``SHOPSTREAM_STREAM_REALTIME_SHAPE=tiles``,
+  :func:`pipelines.streaming.realtime.realtime_tiles`):
   one streaming aggregation (``keyed_tiles``) in update mode; every event sends the whole
   row of each tile it changes.
 - **role rows** (:func:`pipelines.streaming.realtime.realtime_roles`): no aggregation; each
   event once per role (user, item, sale), which a feed folds into the same tiles
   (``pyfeatures.role_row`` / ``merge_keyed``; ``tests/integration/test_stream_state.py``):
-  what the stream runs with ``SHOPSTREAM_STREAM_REALTIME_SHAPE=roles``
-  (:mod:`pipelines.streaming.folding`).
+  what the stream runs by default (``SHOPSTREAM_STREAM_REALTIME_SHAPE=roles``,
+  :mod:`pipelines.streaming.folding`).
 
 The peer, **raw Kafka**: a plain kafka-python consumer reads the same events and parses
 each one's JSON, in a process of its own: the cost of only reading the events.
@@ -48,8 +49,8 @@ from benchmarks.common import (
 
 __all__ = ["main"]
 
-SHAPES = {"tiles": "tiles (keyed_tiles aggregation; what the stream runs)",
-          "roles": "role rows (no aggregation)"}
+SHAPES = {"tiles": "tiles (keyed_tiles aggregation)",
+          "roles": "role rows (no aggregation; what the stream runs by default)"}
 TOPIC_PARTITIONS = 2
 
 

@@ -282,7 +282,11 @@ def main(argv: list[str] | None = None) -> BenchResult:
     settings = bench_settings("tile_feed", kafka_topic_partitions=TOPIC_PARTITIONS,
                               spark_master="local[2]",
                               spark_shuffle_partitions=2,
-                              kafka_topic_rt_tiles=f"bench.tiles.{tag}")
+                              kafka_topic_rt_tiles=f"bench.tiles.{tag}",
+                              # whole tiles: this bench measures the feed's writes; the
+                              # default (roles) shape's fold is measured live, in
+                              # streaming_throughput
+                              stream_realtime_shape="tiles")
     broker, redis = KafkaBroker(settings), RedisServer(settings)
     redis.start()
     broker.start()

@@ -271,14 +271,15 @@ class Settings(BaseSettings):
     objects per tile row, so at 700 the cyclic collector took a third of a drain's time,
     in full collections of up to 0.4 s (``pipelines.streaming.heap.YoungThreshold``).
     0: leave CPython's threshold alone."""
-    stream_realtime_shape: Literal["tiles", "roles"] = "tiles"
-    """Real-time Mode: what the query sends its feeds. ``tiles``: full tiles, from one
-    streaming aggregation (``features.tiles.keyed_tiles``). ``roles``: each valid,
+    stream_realtime_shape: Literal["tiles", "roles"] = "roles"
+    """Real-time Mode: what the query sends its feeds. ``roles`` (the default): each valid,
     deduplicated event once per role, with its source offset, which the feeds fold into
     the same tiles (``pipelines.streaming.folding``): no aggregation in the query, whose
     JVM took 0.13 cores at 1,500 events/s against 0.50 with it
     (``benchmarks/realtime_query.py``), for about 10 us more of the feeds' Python a role
-    row. Each shape has its own tile topic (``roles``: ``<kafka_topic_rt_tiles>.roles``)
+    row; freshness p99 0.25 s against 0.36 s at 2,000 events/s, run back to back
+    (docs/streaming-performance.md). ``tiles``: full tiles, from one streaming aggregation
+    (``features.tiles.keyed_tiles``). Each shape has its own tile topic (``roles``: ``<kafka_topic_rt_tiles>.roles``)
     and query checkpoint: a switch starts a query afresh (from
     ``stream_starting_offsets``), so make it with an empty online store."""
     stream_realtime_tiles_linger_ms: int = Field(default=5, ge=0)

@@ -5,21 +5,21 @@ events)::
 
     Kafka -> verdict (features.validation) -> valid events
       -> watermark(event_time, allowed lateness) -> dropDuplicates(event_id, event_time)
-      -> one aggregation: per (kind, key, tile) the full tile of users, items and sales
-         (update mode: every change is emitted at once, through a pipelined shuffle)
-      -> Kafka sink: full tiles as JSON on ``kafka_topic_rt_tiles``, keyed by (kind, key)
-    TileFeed (a thread of the driver): tiles -> Redis (idempotent overwrite), the clock T,
+      -> each event once per role (user, item, sale) with its source partition and offset
+      -> Kafka sink: role rows as JSON on ``<kafka_topic_rt_tiles>.roles``, keyed by (kind, key)
+    TileFeed (a thread of the driver): role rows folded into full tiles, each applied once
+      (:mod:`pipelines.streaming.folding`) -> Redis (idempotent overwrite), the clock T,
       features of the touched entities as of T (Feast's layout), top lists;
       when T enters a new tile, a feature snapshot (below)
     (``stream_realtime_feeds`` > 1: feeds side by side, each on its share of the topic's
       partitions, the others processes: :mod:`pipelines.streaming.feed_process`)
-    (``stream_realtime_shape=roles``: no aggregation in the query; each event once per
-      role with its source offset, which the feeds fold into the same tiles, each applied
-      once: :mod:`pipelines.streaming.folding`)
+    (``stream_realtime_shape=tiles``: the query aggregates instead, one aggregation per
+      (kind, key, tile) in update mode through a pipelined shuffle, and sends full tiles
+      to ``kafka_topic_rt_tiles``: :func:`realtime_tiles`, twice the query's CPU)
 
-Why one aggregation: Real-time Mode (like every update-mode query) runs a single
-streaming aggregation per query, and a second query would read Kafka again, so
-the three tile tables are one ``groupBy(kind, key, window)`` over events
+Why the tiles shape has one aggregation: Real-time Mode (like every update-mode query)
+runs a single streaming aggregation per query, and a second query would read Kafka
+again, so the three tile tables are one ``groupBy(kind, key, window)`` over events
 exploded into their three roles (:func:`features.tiles.keyed_tiles`, which the
 micro-batch path uses as well).
 
@@ -31,7 +31,8 @@ Real-time query that held tiles back for tens of seconds (a probe purchase took
 Real-time Mode supports, so tiles leave Spark as they are computed; the feed
 polls them within milliseconds. Tiles are full values keyed by (kind, key), so
 per-key order is kept and a replay (after a restart of either side) rewrites
-the same values: at-least-once is exact.
+the same values: at-least-once is exact. Role rows are increments, so the fold skips
+what it applied before by their source offsets (:mod:`pipelines.streaming.folding`).
 
 Feature snapshots: the feed adds the entities it touches to the set of the clock's
 tile (as the micro-batch path does, :func:`pipelines.stream_state.dirty_key`); when
@@ -995,8 +996,8 @@ them all, in one feed (:func:`feed_partitions`)."""
 
 
 def tile_messages(tiles: DataFrame) -> DataFrame:
-    """Tile rows -> Kafka messages for the feed: key ``kind|key`` (per-key order), value the
-    full row as JSON, nulls kept (the feed reads every field). Sales tiles go to
+    """Tile rows (or role rows) -> Kafka messages for the feed: key ``kind|key`` (per-key
+    order), value the full row as JSON, nulls kept (the feed reads every field). Sales tiles go to
     :data:`SALES_PARTITION`; the others to the producer's partition of their key (a null
     ``partition`` column)."""
     from pyspark.sql import functions as F
@@ -1237,18 +1238,11 @@ def realtime_roles(spark: SparkSession, settings: Settings,
     rows (:mod:`pipelines.streaming.folding`). ``benchmarks/realtime_query.py`` measures
     its CPU against :func:`realtime_tiles`.
     """
-    from pyspark.sql import functions as F
-
     from features.tiles import role_events
 
-    roles = role_events(_realtime_events(spark, settings, source_options, carry=True),
-                        slide_seconds=settings.feature_slide_seconds,
-                        carry=("source_partition", "source_offset"))
-    return roles.select(
-        F.concat_ws("|", "kind", "key").alias("key"),
-        F.when(F.col("kind") == "sales", F.lit(SALES_PARTITION)).alias("partition"),
-        F.to_json(F.struct(*[F.col(c) for c in roles.columns]),
-                  {"ignoreNullFields": "false"}).alias("value"))
+    return tile_messages(role_events(_realtime_events(spark, settings, source_options, carry=True),
+                                     slide_seconds=settings.feature_slide_seconds,
+                                     carry=("source_partition", "source_offset")))
 
 
 def _realtime_events(spark: SparkSession, settings: Settings,

@@ -533,7 +533,8 @@ def test_tile_feed_applies_what_spark_sends_through_kafka(
         tile_messages,
     )
 
-    settings = make_settings(kafka_topic_rt_tiles=topic, stream_realtime_feeds=feeds)
+    settings = make_settings(kafka_topic_rt_tiles=topic, stream_realtime_feeds=feeds,
+                             stream_realtime_shape="tiles")
     events = spark.createDataFrame(_events(300, 23, start=AS_OF - timedelta(minutes=20),
                                            span_s=1200), EVENT_SCHEMA)
     events = events.unionByName(spark.createDataFrame(
@@ -608,16 +609,19 @@ def test_the_tile_topic_gives_its_own_partition_count_to_the_feeds(
     count, and that count, not the setting, bounds the feeds (the default is cut to it)."""
     from pipelines.streaming.realtime import Feeds, ensure_topic
 
-    fresh = make_settings(kafka_topic_rt_tiles=f"{topic}.new", kafka_topic_partitions=3)
+    fresh = make_settings(kafka_topic_rt_tiles=f"{topic}.new", kafka_topic_partitions=3,
+                          stream_realtime_shape="tiles")
     assert ensure_topic(fresh) == 3
     assert ensure_topic(fresh) == 3  # again, now existing
-    existing = make_settings(kafka_topic_rt_tiles=topic, kafka_topic_partitions=5)
+    existing = make_settings(kafka_topic_rt_tiles=topic, kafka_topic_partitions=5,
+                             stream_realtime_shape="tiles")
     assert ensure_topic(existing) == 2  # the fixture's topic has the session's 2
     assert Feeds(existing.model_copy(update={"stream_realtime_feeds": 2}),
                  partitions=ensure_topic(existing)).count == 2
-    single = make_settings(kafka_topic_rt_tiles=f"{topic}.one", kafka_topic_partitions=1)
+    single = make_settings(kafka_topic_rt_tiles=f"{topic}.one", kafka_topic_partitions=1,
+                           stream_realtime_shape="tiles")
     assert ensure_topic(single) == 1
-    assert Feeds(make_settings(kafka_topic_rt_tiles=f"{topic}.one"),
+    assert Feeds(make_settings(kafka_topic_rt_tiles=f"{topic}.one", stream_realtime_shape="tiles"),
                  partitions=ensure_topic(single)).count == 1
 
 
@@ -669,7 +673,7 @@ def test_a_new_checkpoints_feed_warns_of_tiles_an_earlier_query_left(
     from features.tiles import keyed_tiles
     from pipelines.streaming.realtime import TileFeed, tile_messages
 
-    settings = make_settings(kafka_topic_rt_tiles=topic)
+    settings = make_settings(kafka_topic_rt_tiles=topic, stream_realtime_shape="tiles")
 
     def send(n_events: int, seed: int) -> int:
         events = spark.createDataFrame(_events(n_events, seed, start=AS_OF - timedelta(minutes=5),
@@ -726,11 +730,19 @@ def test_role_rows_spark_sends_through_kafka_fold_into_the_tiles_of_their_events
 
     from pipelines.connections import kafka_consumer, kafka_producer
     from pipelines.streaming.pyfeatures import merge_keyed, role_row
-    from pipelines.streaming.realtime import SALES_PARTITION, realtime_roles, tile_sink_options
+    from pipelines.streaming.realtime import (
+        SALES_PARTITION,
+        ensure_topic,
+        feed_topic,
+        realtime_roles,
+        tile_sink_options,
+    )
     from tests.integration.test_stream_state import _canonical_row
 
-    settings = make_settings(kafka_topic_events=f"{topic}.events", kafka_topic_rt_tiles=topic)
+    settings = make_settings(kafka_topic_events=f"{topic}.events", kafka_topic_rt_tiles=topic,
+                             stream_realtime_shape="roles")
     create_topic(settings, settings.kafka_topic_events)
+    ensure_topic(settings)  # the role rows' own topic, <topic>.roles
     rows = _events(200, 31, start=AS_OF - timedelta(minutes=20), span_s=1200)
     names = EVENT_SCHEMA.replace(",", "").split()[0::2]
     producer = kafka_producer(settings)
@@ -754,7 +766,7 @@ def test_role_rows_spark_sends_through_kafka_fold_into_the_tiles_of_their_events
 
     folded: dict[tuple[str, str, int], dict[str, Any]] = {}
     sources: set[tuple[int, int]] = set()
-    reader = kafka_consumer(settings, topic, consumer_timeout_ms=3000)
+    reader = kafka_consumer(settings, feed_topic(settings), consumer_timeout_ms=3000)
     try:
         for message in reader:
             event = orjson.loads(message.value)
@@ -849,7 +861,7 @@ def _threads_nice(pid: int) -> set[int]:
 
 
 def _realtime_settings(make_settings: Callable[..., Settings], tmp_path: Path,
-                       prefix: str, shape: str = "tiles") -> Settings:
+                       prefix: str, shape: str = "roles") -> Settings:
     """A Real-time job's settings on a topic of its own (created): 5 s epochs, two tile feeds
     (the second a process), the task slots Real-time Mode holds at once, and a 10 s trigger
     for the Parquet sinks' process (not the 30 s default: ``--until-idle`` waits a trigger

@@ -36,10 +36,16 @@ client's reconnect backoff and its one-second retries, far below this."""
 
 
 @pytest.fixture()
-def own_servers(make_settings: Callable[..., Settings], tmp_path: Path
+def own_servers(make_settings: Callable[..., Settings], tmp_path: Path,
+                request: pytest.FixtureRequest,
                 ) -> Iterator[tuple[Settings, RedisServer, KafkaBroker]]:
-    """A redis-server and a Kafka broker of this test's own, free to stop."""
+    """A redis-server and a Kafka broker of this test's own, free to stop. The feed takes
+    the shape ``request.param`` names (``stream_realtime_shape``; whole tiles unless a test
+    says, as the idle feed's checks do not depend on what the feed folds)."""
+    from pipelines.streaming.realtime import feed_topic
+
     settings = make_settings(
+        stream_realtime_shape=getattr(request, "param", "tiles"),
         redis_url=f"redis://127.0.0.1:{free_port()}/0",
         kafka_bootstrap_servers=f"127.0.0.1:{free_port()}", kafka_controller_port=free_port(),
         run_dir=str(tmp_path / "run"), kafka_topic_events="unused.events",
@@ -54,7 +60,7 @@ def own_servers(make_settings: Callable[..., Settings], tmp_path: Path
     try:
         redis_server.start()
         broker.start()
-        create_topic(settings, settings.kafka_topic_rt_tiles)
+        create_topic(settings, feed_topic(settings))
         yield settings, redis_server, broker
     finally:
         broker.stop()
@@ -62,16 +68,26 @@ def own_servers(make_settings: Callable[..., Settings], tmp_path: Path
 
 
 def _send_tiles(spark: Any, settings: Settings, seed: int = 31) -> list[dict[str, Any]]:
-    """Tiles of 20 minutes of events on the tile topic, as the Real-time query sends them;
-    returns the tile rows the feed must write."""
-    from features.tiles import keyed_tiles
-    from pipelines.streaming.realtime import tile_messages
+    """Tiles of 20 minutes of events on the feed's topic, as the Real-time query sends them
+    (whole tiles, or each event once per role with its source offset, in offset order, for
+    the ``roles`` shape); returns the tile rows the feed must write."""
+    from pyspark.sql import functions as F
+
+    from features.tiles import keyed_tiles, role_events
+    from pipelines.streaming.realtime import feed_topic, tile_messages
 
     events = spark.createDataFrame(_events(300, seed, start=AS_OF - timedelta(minutes=20),
                                            span_s=1200), EVENT_SCHEMA)
-    (tile_messages(keyed_tiles(events, slide_seconds=60, last_items_n=4))
-     .write.format("kafka").options(**settings.spark_kafka_options())
-     .option("topic", settings.kafka_topic_rt_tiles).save())
+    if settings.stream_realtime_shape == "roles":
+        numbered = (events.withColumn("source_partition", F.lit(0))
+                    .withColumn("source_offset", F.monotonically_increasing_id()))
+        sent = (role_events(numbered, slide_seconds=60,
+                            carry=("source_partition", "source_offset"))
+                .repartition(1).sortWithinPartitions("source_offset"))
+    else:
+        sent = keyed_tiles(events, slide_seconds=60, last_items_n=4)
+    (tile_messages(sent).write.format("kafka").options(**settings.spark_kafka_options())
+     .option("topic", feed_topic(settings)).save())
     return keyed_rows_of(spark, events)
 
 
@@ -81,7 +97,7 @@ def _assert_applied(settings: Settings, rows: list[dict[str, Any]]) -> None:
 
     from pipelines.connections import kafka_consumer, redis_client
     from pipelines.streaming.pyfeatures import TILE_OF_ROW
-    from pipelines.streaming.realtime import FEED_GROUP, _decode_tile, rt_tiles_key
+    from pipelines.streaming.realtime import FEED_GROUP, _decode_tile, feed_topic, rt_tiles_key
 
     client = redis_client(settings)
     checked = 0
@@ -90,17 +106,37 @@ def _assert_applied(settings: Settings, rows: list[dict[str, Any]]) -> None:
             continue
         stored = client.hget(rt_tiles_key(row["kind"], row["key"]), str(row["tile_start"]))
         assert stored is not None, (row["kind"], row["key"], row["tile_start"])
-        assert _decode_tile(stored) == TILE_OF_ROW[row["kind"]](row), (row["kind"], row["key"])
+        assert _unordered(_decode_tile(stored)) == _unordered(TILE_OF_ROW[row["kind"]](row)), \
+            (row["kind"], row["key"])
         checked += 1
     assert checked > 100
     consumer = kafka_consumer(settings, group_id=FEED_GROUP)
     try:
-        topic = settings.kafka_topic_rt_tiles
+        topic = feed_topic(settings)
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
         ends = consumer.end_offsets(tps)
         assert {tp: consumer.committed(tp) or 0 for tp in tps} == ends
     finally:
         consumer.close()
+
+
+def _unordered(tile: dict[str, Any]) -> dict[str, Any]:
+    """A tile with its unordered lists sorted and its doubles to 1e-9 (a fold of role rows
+    and Spark's aggregation give the same sets in other orders, and sums in other orders)."""
+    def plain(value: Any) -> Any:
+        if isinstance(value, float):
+            return round(value, 9)
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        return value
+
+    out = plain(tile)
+    for name in ("items_viewed", "category_weights"):
+        if out.get(name) is not None:
+            out[name] = sorted(out[name], key=repr)
+    return out
 
 
 def _said(caplog: pytest.LogCaptureFixture) -> str:
@@ -128,6 +164,7 @@ def _feed_meeting_a_redis_outage(settings: Settings, redis_server: RedisServer,
     return feed
 
 
+@pytest.mark.parametrize("own_servers", ["tiles", "roles"], indirect=True)
 def test_a_tile_feed_rides_out_kafka_going_while_redis_is_away(
         own_servers: tuple[Settings, RedisServer, KafkaBroker], spark: Any,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -167,6 +204,7 @@ def test_a_tile_feed_rides_out_kafka_going_while_redis_is_away(
     assert "tile feed failed" not in said
 
 
+@pytest.mark.parametrize("own_servers", ["tiles", "roles"], indirect=True)
 def test_a_tile_feed_outlasted_by_a_kafka_outage_fails_in_one_line_then_resumes(
         own_servers: tuple[Settings, RedisServer, KafkaBroker], spark: Any,
         caplog: pytest.LogCaptureFixture) -> None:

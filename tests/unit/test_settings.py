@@ -170,12 +170,15 @@ def test_the_collector_suits_the_job_and_yields_to_the_operators(
 
 def test_the_real_time_tile_sink_lingers_as_set(monkeypatch: pytest.MonkeyPatch) -> None:
     """The Real-time query's producer batches its tiles for the linger the operator sets
-    (5 ms by default), on the tile topic, with the connection's own options."""
+    (5 ms by default), on the topic of the shape it sends (role rows by default), with the
+    connection's own options."""
     from pipelines.streaming.realtime import tile_sink_options
 
     s = Settings(_env_file=None, kafka_topic_rt_tiles="t.tiles")
     options = tile_sink_options(s)
-    assert options["kafka.linger.ms"] == "5" and options["topic"] == "t.tiles"
+    assert options["kafka.linger.ms"] == "5" and options["topic"] == "t.tiles.roles"
+    whole = tile_sink_options(s.model_copy(update={"stream_realtime_shape": "tiles"}))
+    assert whole["topic"] == "t.tiles"
     assert options["kafka.bootstrap.servers"] == s.spark_kafka_options()["kafka.bootstrap.servers"]
     monkeypatch.setenv("SHOPSTREAM_STREAM_REALTIME_TILES_LINGER_MS", "0")
     assert tile_sink_options(Settings(_env_file=None))["kafka.linger.ms"] == "0"
