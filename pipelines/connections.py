@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
+import uuid
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -18,7 +20,7 @@ from redis.retry import Retry
 from pipelines.settings import Settings
 
 __all__ = ["redis_client", "redis_kwargs", "redis_pool_kwargs", "kafka_producer", "kafka_admin",
-           "kafka_consumer", "kafka_unreachable", "redis_unreachable", "servers_unreachable",
+           "kafka_consumer", "kafka_topic_id", "kafka_unreachable", "redis_unreachable", "servers_unreachable",
            "mlflow_unreachable", "Unreachable"]
 
 
@@ -227,6 +229,26 @@ def kafka_admin(settings: Settings, **overrides: Any) -> Any:
     cfg.update(overrides)
     _quiet_slow_loop_steps()
     return KafkaAdminClient(**cfg)
+
+
+def kafka_topic_id(settings: Settings, topic: str, *, wait_s: float = 5.0) -> str | None:
+    """Kafka's id of ``topic`` (KIP-516): a topic deleted and created again under its name
+    gets a new one, and its offsets start at 0 again. ``None`` when the broker does not
+    tell (older than 2.8) or the topic is still unknown after ``wait_s`` (a topic just
+    created is not in every broker's metadata at once)."""
+    admin = kafka_admin(settings)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            described = [t for t in admin.describe_topics([topic]) if t.get("name") == topic]
+            found = described[0].get("topic_id") if described else None
+            if found is not None and int(uuid.UUID(str(found))) != 0:
+                return str(found)
+            if (described and not described[0].get("error_code")) or time.monotonic() > deadline:
+                return None
+            time.sleep(0.2)
+    finally:
+        admin.close()
 
 
 def kafka_consumer(settings: Settings, *topics: str, **overrides: Any) -> Any:

@@ -23,6 +23,10 @@ Why it stays exact:
   after the writer's own writes (full values: idempotent) and before the consumer commits.
   A crash before the transaction folds the same rows again onto the stored rows; after
   it, they are skipped.
+* The marks are one topic's offsets, and a topic deleted and created again under its name
+  counts from 0 again: the marks hold the topic's Kafka id (``topic_id``), and marks of
+  another id are dropped (with a WARNING) in the transaction that writes the new topic's
+  first ones.
 * The folded rows are kept in memory while their tile can still change (until the
   allowed lateness has passed it), and read back from Redis on a miss (a restart, an
   outage, an evicted tile), so a fold always starts from what was applied.
@@ -30,7 +34,8 @@ Why it stays exact:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +45,12 @@ from pipelines.redis_batch import CommandBatch, as_dict
 from pipelines.settings import Settings
 from pipelines.streaming.pyfeatures import merge_keyed, role_row
 
-__all__ = ["RoleFolder", "folded_key", "marks_key", "Folded"]
+__all__ = ["RoleFolder", "folded_key", "marks_key", "Folded", "TOPIC_ID_FIELD"]
+
+log = logging.getLogger(__name__)
+
+TOPIC_ID_FIELD = "topic_id"
+"""The field of the marks' hash that holds the events topic's Kafka id."""
 
 
 def folded_key(kind: str, key: str) -> str:
@@ -55,9 +65,10 @@ def folded_key(kind: str, key: str) -> str:
 
 def marks_key(events_topic: str) -> str:
     """The highest offset of ``events_topic`` applied per (tile partition, source partition,
-    kind). Named by the topic: a job moved to another events topic (a new checkpoint, the
-    same online store) starts its offsets anew instead of skipping those the old one
-    reached. (A topic deleted and created again under its name is not told apart.)"""
+    kind), and the topic's Kafka id (:data:`TOPIC_ID_FIELD`). Named by the topic: a job moved
+    to another events topic (a new checkpoint, the same online store) starts its offsets anew
+    instead of skipping those the old one reached; a topic created again under its name is
+    told by its id (:meth:`RoleFolder.fold`)."""
     from features import online_keys
 
     return online_keys.key("stream", "rt", "marks", online_keys.encode_part(events_topic))
@@ -83,14 +94,23 @@ class RoleFolder:
     marks; between the two the caller writes the rows (the writer's flush). After an
     outage (the feed seeks back to its last commit) :meth:`reset` forgets what is not
     known to be stored.
+
+    ``topic_id`` returns the events topic's Kafka id
+    (:func:`pipelines.connections.kafka_topic_id`), asked each time the marks are read from
+    Redis; ``None`` (or a ``None`` answer: a broker older than 2.8) leaves the id unchecked.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *,
+                 topic_id: Callable[[], str | None] | None = None) -> None:
         self.last_items_n = settings.feature_last_items_n
         self.ttl = settings.online_ttl_seconds
         # a tile takes rows until the watermark passes it: kept this long after it starts
         self.keep_s = settings.feature_slide_seconds + settings.feature_allowed_lateness_seconds
         self.marks_name = marks_key(settings.kafka_topic_events)
+        self.events_topic = settings.kafka_topic_events
+        self._topic_id = topic_id
+        self._new_id: str | None = None  # to store with the next marks
+        self._marks_anew = False  # the stored marks are another topic's: dropped at the next persist
         self._rows: dict[tuple[str, str, int], dict[str, Any]] = {}
         self._marks: dict[str, int] | None = None
         self._dirty_rows: dict[tuple[str, str, int], dict[str, Any]] = {}
@@ -107,6 +127,7 @@ class RoleFolder:
         folded since the last :meth:`persist` may not be stored."""
         self._rows.clear()
         self._marks = None
+        self._new_id, self._marks_anew = None, False
         self._dirty_rows.clear()
         self._dirty_marks.clear()
 
@@ -115,9 +136,7 @@ class RoleFolder:
         changed, each once with its full row. One Redis round trip for the marks (first
         fold only) and one for the rows not in memory."""
         if self._marks is None:
-            stored = as_dict(client.hgetall(self.marks_name))
-            self._marks = {(k.decode() if isinstance(k, bytes) else k): int(v)
-                           for k, v in stored.items()}
+            self._marks = self._load_marks(client)
         marks = self._marks
         fresh: list[tuple[dict[str, Any], float]] = []
         for partition, value, sent_s in records:
@@ -146,6 +165,27 @@ class RoleFolder:
             self._newest = max(self._newest, at[2])
         return list(changed.values())
 
+    def _load_marks(self, client: Any) -> dict[str, int]:
+        """The stored marks, or none when they were written for another topic of this name
+        (deleted and created again: its offsets start at 0 again, and the old marks would
+        skip them). A Kafka error asking the id is the caller's outage (nothing changed)."""
+        stored = {(k.decode() if isinstance(k, bytes) else k): v
+                  for k, v in as_dict(client.hgetall(self.marks_name)).items()}
+        raw_id = stored.pop(TOPIC_ID_FIELD, None)
+        stored_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
+        current = self._topic_id() if self._topic_id is not None else None
+        self._new_id, self._marks_anew = None, False
+        if current is not None and current != stored_id:
+            self._new_id = current  # marks written before ids were kept are this topic's
+            if stored_id is not None:
+                log.warning("the events topic %s was created again (id %s; the fold's marks "
+                            "are of id %s): its offsets count from 0 again, so the %d marks "
+                            "of the old topic are dropped", self.events_topic, current,
+                            stored_id, len(stored))
+                self._marks_anew = True
+                return {}
+        return {field: int(v) for field, v in stored.items()}
+
     def _load_missing(self, client: Any, wanted: set[tuple[str, str, int]]) -> None:
         """Read the stored rows of the tiles ``wanted`` that are not in memory."""
         missing = [at for at in wanted if at not in self._rows]
@@ -162,9 +202,13 @@ class RoleFolder:
     def persist(self, client: Any) -> None:
         """Write the rows folded and the marks moved since the last call, in one transaction;
         then drop from memory the tiles the allowed lateness has passed."""
-        if not self._dirty_marks and not self._dirty_rows:
+        if not self._dirty_marks and not self._dirty_rows and self._new_id is None:
             return
         batch = CommandBatch(client)
+        if self._marks_anew:
+            batch.add("DEL", self.marks_name)
+        if self._new_id is not None:
+            batch.add("HSET", self.marks_name, TOPIC_ID_FIELD, self._new_id)
         names: set[str] = set()
         for (kind, key, tile), row in self._dirty_rows.items():
             name = folded_key(kind, key)
@@ -176,6 +220,7 @@ class RoleFolder:
             batch.add("HSET", self.marks_name,
                       *[x for mark, offset in self._dirty_marks.items() for x in (mark, offset)])
         batch.execute_transaction()
+        self._new_id, self._marks_anew = None, False
         self._dirty_rows.clear()
         self._dirty_marks.clear()
         self._evict()

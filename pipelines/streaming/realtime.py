@@ -78,6 +78,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from features.windows import LONG_WINDOW, WINDOW_SECONDS
+from pipelines.connections import kafka_topic_id
 from pipelines.redis_batch import CommandBatch, as_dict
 from pipelines.settings import Settings
 from pipelines.spark import STREAM_POOL, quiet_loggers, scheduler_pool
@@ -637,8 +638,10 @@ class TileFeed:
         self.index, self.feeds = index, feeds
         self.writer = RealtimeWriter(settings, sales=index == 0, feed=index)
         # the roles shape: rows to fold into tiles before the writer takes them
-        self.folder = (RoleFolder(settings) if settings.stream_realtime_shape == "roles"
-                       else None)
+        self.folder: RoleFolder | None = None
+        if settings.stream_realtime_shape == "roles":
+            events = settings.kafka_topic_events
+            self.folder = RoleFolder(settings, topic_id=lambda: kafka_topic_id(settings, events))
         self._stop = stop or threading.Event()
         self._abandoned = abandoned or (lambda: False)
         self._idle = threading.Event()

@@ -5,13 +5,16 @@ restarted from its last checkpoint, a crash between the writer's writes and the 
 from __future__ import annotations
 
 import random
+import time
+import uuid
 import zlib
 from typing import Any
 
 import orjson
 
+from pipelines.connections import kafka_admin, kafka_topic_id
 from pipelines.settings import Settings
-from pipelines.streaming.folding import RoleFolder, folded_key, marks_key
+from pipelines.streaming.folding import TOPIC_ID_FIELD, RoleFolder, folded_key, marks_key
 from pipelines.streaming.pyfeatures import merge_keyed, role_row
 from tests.integration.test_stream_state import _canonical_row
 
@@ -133,6 +136,85 @@ def test_a_job_moved_to_another_events_topic_skips_none_of_its_offsets(
     assert moved.skipped == 0
     expected = _once(old + new, n)
     assert _stored(redis_client, expected) == expected
+
+
+def _create_topic(settings: Settings, name: str, *, again: bool = False) -> None:
+    """Create ``name`` (deleted first when ``again``: the broker deletes in the background,
+    so the create is tried until the old topic is gone)."""
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = kafka_admin(settings)
+    try:
+        if again:
+            admin.delete_topics([name])
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                admin.create_topics([NewTopic(name, 2, 1)])
+                return
+            except TopicAlreadyExistsError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    finally:
+        admin.close()
+
+
+def test_an_events_topic_created_again_under_its_name_skips_none_of_its_offsets(
+    settings: Settings, redis_client: Any, kafka_broker: Any,
+) -> None:
+    """A topic deleted and created again counts its offsets from 0 again under the same name
+    (so the same marks' key): its Kafka id tells it apart, on a real broker. The same topic's
+    rows read again stay skipped, also with marks written before ids were kept."""
+    n = settings.feature_last_items_n
+    name = f"test.{uuid.uuid4().hex[:12]}"
+    events = settings.model_copy(update={"kafka_topic_events": name})
+    _create_topic(settings, name)
+    first_id = kafka_topic_id(settings, name)
+    assert first_id is not None
+
+    def lookup() -> str | None:
+        return kafka_topic_id(settings, name)
+
+    old = _messages(200, 13)
+    before_ids = RoleFolder(events)  # a feed from before the marks kept the topic's id
+    before_ids.fold(redis_client, old)
+    before_ids.persist(redis_client)
+    replayed = RoleFolder(events, topic_id=lookup)  # the same topic read again: all skipped
+    assert replayed.fold(redis_client, old) == []
+    assert replayed.skipped == len(old)
+    replayed.persist(redis_client)  # adopts the marks: they are this topic's
+    stored_id = redis_client.hget(marks_key(name), TOPIC_ID_FIELD)
+    assert stored_id is not None and stored_id.decode() == first_id
+
+    _create_topic(settings, name, again=True)
+    assert kafka_topic_id(settings, name) not in (None, first_id)
+    # the new topic's rows so far are on two tile partitions of three
+    new = [m for m in _messages(200, 17) if m[0] != 1]
+    recreated = RoleFolder(events, topic_id=lookup)
+    recreated.fold(redis_client, new)
+    recreated.persist(redis_client)
+    assert recreated.skipped == 0
+    expected = _once(old + new, n)
+    assert _stored(redis_client, expected) == expected
+    # the marks are the new topic's only (none left of the old one's third partition)...
+    stored = {k.decode(): v.decode() for k, v in redis_client.hgetall(marks_key(name)).items()}
+    assert stored.pop(TOPIC_ID_FIELD) == kafka_topic_id(settings, name)
+    assert {field: int(v) for field, v in stored.items()} == _marks(new)
+    # ...so its rows read again are skipped
+    again = RoleFolder(events, topic_id=lookup)
+    assert again.fold(redis_client, new) == [] and again.skipped == len(new)
+
+
+def _marks(messages: list[tuple[int, bytes, float]]) -> dict[str, int]:
+    """The highest source offset per (tile partition, source partition, kind)."""
+    out: dict[str, int] = {}
+    for partition, value, _ in messages:
+        e = orjson.loads(value)
+        field = f"{partition}|{e['source_partition']}|{e['kind']}"
+        out[field] = max(out.get(field, -1), e["source_offset"])
+    return out
 
 
 def test_an_outage_reset_folds_again_from_what_is_stored(
