@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -53,11 +54,13 @@ TOPIC_ID_FIELD = "topic_id"
 """The field of the marks' hash that holds the events topic's Kafka id."""
 
 
+@lru_cache(maxsize=1 << 16)
 def folded_key(kind: str, key: str) -> str:
     """The folded rows of one key (hash: tile start -> the full ``keyed_tiles`` row as JSON).
 
     Kept apart from the writer's tiles (:func:`pipelines.streaming.realtime.rt_tiles_key`),
-    whose item tiles drop the fields only a fold needs (region, price and its time)."""
+    whose item tiles drop the fields only a fold needs (region, price and its time). Cached
+    as that one is: a poll names each folded key twice (its read on a miss, its write)."""
     from features import online_keys
 
     return online_keys.key("tiles", "rtk", kind, online_keys.encode_part(key))
@@ -110,7 +113,8 @@ class RoleFolder:
         self.events_topic = settings.kafka_topic_events
         self._topic_id = topic_id
         self._new_id: str | None = None  # to store with the next marks
-        self._marks_anew = False  # the stored marks are another topic's: dropped at the next persist
+        # the stored marks are another topic's: dropped by the next persist
+        self._marks_anew = False
         self._rows: dict[tuple[str, str, int], dict[str, Any]] = {}
         self._marks: dict[str, int] | None = None
         self._dirty_rows: dict[tuple[str, str, int], dict[str, Any]] = {}

@@ -1000,9 +1000,9 @@ them all, in one feed (:func:`feed_partitions`)."""
 
 def tile_messages(tiles: DataFrame) -> DataFrame:
     """Tile rows (or role rows) -> Kafka messages for the feed: key ``kind|key`` (per-key
-    order), value the full row as JSON, nulls kept (the feed reads every field). Sales tiles go to
-    :data:`SALES_PARTITION`; the others to the producer's partition of their key (a null
-    ``partition`` column)."""
+    order), value the full row as JSON, nulls kept (the feed reads every field). Sales
+    tiles go to :data:`SALES_PARTITION`; the others to the producer's partition of their
+    key (a null ``partition`` column)."""
     from pyspark.sql import functions as F
 
     return tiles.select(

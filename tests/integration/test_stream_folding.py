@@ -116,7 +116,8 @@ def test_each_role_row_is_applied_once_across_restarts_replays_and_a_crash(
         by_mark.setdefault((partition, e["source_partition"], e["source_offset"]),
                            set()).add(e["kind"])
     assert any(len(kinds) > 1 for kinds in by_mark.values())
-    marks = {k.decode(): int(v) for k, v in redis_client.hgetall(marks_key(settings.kafka_topic_events)).items()}
+    stored = redis_client.hgetall(marks_key(settings.kafka_topic_events))
+    marks = {k.decode(): int(v) for k, v in stored.items()}
     assert marks and all(field.count("|") == 2 for field in marks)
 
 
@@ -173,6 +174,7 @@ def test_an_events_topic_created_again_under_its_name_skips_none_of_its_offsets(
     _create_topic(settings, name)
     first_id = kafka_topic_id(settings, name)
     assert first_id is not None
+    assert kafka_topic_id(settings, f"{name}.missing", wait_s=0.5) is None
 
     def lookup() -> str | None:
         return kafka_topic_id(settings, name)
