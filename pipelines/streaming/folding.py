@@ -3,9 +3,9 @@
 With ``stream_realtime_shape=roles`` the Real-time query sends each valid, deduplicated
 event once per role (:func:`pipelines.streaming.realtime.realtime_roles`), without the
 aggregation that was three quarters of its CPU (docs/streaming-performance.md, "The
-Real-time query without its aggregation"). The feed folds them into the same rows
-:func:`features.tiles.keyed_tiles` gives (:func:`pipelines.streaming.pyfeatures.merge_keyed`)
-and hands those full rows to :class:`pipelines.streaming.realtime.RealtimeWriter`, which
+Real-time query without its aggregation"). The feed folds them, one at a time
+(:func:`pipelines.streaming.pyfeatures.fold_role`), into the same rows
+:func:`features.tiles.keyed_tiles` gives and hands those full rows to :class:`pipelines.streaming.realtime.RealtimeWriter`, which
 writes them as it writes the tiles shape's.
 
 Why it stays exact:
@@ -44,7 +44,7 @@ import orjson
 
 from pipelines.redis_batch import CommandBatch, as_dict
 from pipelines.settings import Settings
-from pipelines.streaming.pyfeatures import merge_keyed, role_row
+from pipelines.streaming.pyfeatures import fold_role, role_row
 
 __all__ = ["RoleFolder", "folded_key", "marks_key", "Folded", "TOPIC_ID_FIELD"]
 
@@ -160,7 +160,7 @@ class RoleFolder:
             at = (event["kind"], event["key"], int(event["tile_start"]))
             one = role_row(at[0], at[1], at[2], event, last_items_n=n)
             held = rows.get(at)
-            row = one if held is None else merge_keyed(held, one, last_items_n=n)
+            row = one if held is None else fold_role(held, one, last_items_n=n)
             rows[at] = self._dirty_rows[at] = row
             if at in changed:
                 changed[at].row, changed[at].sent_s = row, max(changed[at].sent_s, sent_s)

@@ -729,7 +729,7 @@ def test_role_rows_spark_sends_through_kafka_fold_into_the_tiles_of_their_events
     import orjson
 
     from pipelines.connections import kafka_consumer, kafka_producer
-    from pipelines.streaming.pyfeatures import merge_keyed, role_row
+    from pipelines.streaming.pyfeatures import fold_role, role_row
     from pipelines.streaming.realtime import (
         SALES_PARTITION,
         ensure_topic,
@@ -777,7 +777,7 @@ def test_role_rows_spark_sends_through_kafka_fold_into_the_tiles_of_their_events
             one = role_row(event["kind"], event["key"], event["tile_start"], event,
                            last_items_n=4)
             at = (event["kind"], event["key"], event["tile_start"])
-            folded[at] = merge_keyed(folded[at], one, last_items_n=4) if at in folded else one
+            folded[at] = fold_role(folded[at], one, last_items_n=4) if at in folded else one
     finally:
         reader.close()
     assert len(sources) == len(rows)  # every valid event once, each with its own offset

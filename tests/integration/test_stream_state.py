@@ -121,12 +121,12 @@ def _lists_ranked(tile: dict[str, Any]) -> bool:
 
 def test_single_events_folded_one_by_one_give_the_rows_of_keyed_tiles(spark: Any) -> None:
     """Spark's role_events (each event once per role, no aggregation), each made a row by
-    role_row and folded with merge_keyed in order, give the rows Spark's one aggregation
-    gives for the whole set: every column, including the max_by ones (region, price and its
+    role_row and folded with fold_role (the feed's fold) in order, give the rows Spark's
+    one aggregation gives for the whole set: every column, including the max_by ones (region, price and its
     time), ties of equal times, a priced view, and a sales key Spark url-encodes."""
     from features.tiles import role_events
     from pipelines.stream_state import keyed_rows
-    from pipelines.streaming.pyfeatures import merge_keyed, role_row
+    from pipelines.streaming.pyfeatures import fold_role, role_row
 
     tie = T0 + timedelta(seconds=60, microseconds=-1)
     rows = _events(500, 11) + [
@@ -142,7 +142,7 @@ def test_single_events_folded_one_by_one_give_the_rows_of_keyed_tiles(spark: Any
     for event in roles:
         one = role_row(event["kind"], event["key"], event["tile_start"], event, last_items_n=3)
         at = (event["kind"], event["key"], event["tile_start"])
-        folded[at] = merge_keyed(folded[at], one, last_items_n=3) if at in folded else one
+        folded[at] = fold_role(folded[at], one, last_items_n=3) if at in folded else one
 
     whole = {(r["kind"], r["key"], r["tile_start"]): r for r in keyed_rows(
         events, slide_seconds=60, last_items_n=3, partitions=2).toArrow().to_pylist()}

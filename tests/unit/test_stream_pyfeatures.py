@@ -6,8 +6,11 @@ Agreement with the Spark functions on random data is checked in
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import orjson
 import pytest
 
 from pipelines.streaming import pyfeatures as pyf
@@ -422,3 +425,72 @@ def test_the_python_activity_weights_are_the_tiles_weights() -> None:
     from pipelines.streaming import pyfeatures
 
     assert dict(pyfeatures.ACTIVITY_WEIGHTS) == dict(ACTIVITY_WEIGHTS)
+
+
+def _role_events(rnd: random.Random, n: int) -> list[dict[str, Any]]:
+    """Events of few users, items and categories, many at the same microsecond (the ties
+    of the last-item lists and the latest-value columns), prices now and then missing."""
+    out = []
+    for _ in range(n):
+        event_type = rnd.choice(["view", "view", "add_to_cart", "purchase"])
+        out.append({"event_type": event_type, "event_us": 1_780_000_000_000_000 + rnd.randrange(6),
+                    "item_id": f"i{rnd.randrange(7)}", "category_id": f"c{rnd.randrange(4)}",
+                    "region": rnd.choice(["FR", "UK", "DE"]),
+                    "price": rnd.choice([None, 3.25, 9.5, 0.1]) if event_type != "purchase"
+                    else rnd.choice([9.5, 0.1]),
+                    "quantity": rnd.randint(1, 3)})
+    return out
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_folding_one_role_row_equals_merging_it(seed: int) -> None:
+    """The Real-time feed's fold (``fold_role``) gives ``merge_keyed``'s row, byte for byte
+    once encoded (key order, list order, floats), whether the held row is in memory or read
+    back from Redis as JSON, and for lists shorter than the items seen; neither row it
+    is given changes."""
+    rnd = random.Random(seed)
+    n = rnd.choice([1, 2, 3, 10])
+    for kind, key in (("user", "u1"), ("item", "i1"), ("sales", "i1|c1|FR")):
+        held_fold = held_merge = None
+        for event in _role_events(rnd, 60):
+            one = pyf.role_row(kind, key, 1_780_000_000, event, last_items_n=n)
+            if held_fold is None:
+                held_fold = held_merge = one
+                continue
+            if rnd.random() < 0.3:  # read back from the store
+                held_fold = orjson.loads(orjson.dumps(held_fold))
+            before = orjson.dumps(held_fold), orjson.dumps(one)
+            folded = pyf.fold_role(held_fold, one, last_items_n=n)
+            # its rows share entries: the old row must stay as it was (the writer holds it)
+            assert (orjson.dumps(held_fold), orjson.dumps(one)) == before
+            held_fold = folded
+            held_merge = pyf.merge_keyed(held_merge, one, last_items_n=n)
+            assert orjson.dumps(held_fold) == orjson.dumps(held_merge), (kind, event)
+
+
+def test_a_folded_user_row_holds_each_item_category_and_latest_entry_in_its_place() -> None:
+    """What ``fold_role`` must give, written out: items sorted, categories summed by id, the
+    last viewed items latest first (a later view of an item moves it up, an earlier one
+    does not), cut to ``last_items_n``."""
+    base = {"event_type": "view", "category_id": "c2", "region": "FR", "price": 2.0,
+            "quantity": 1}
+    events = [{**base, "event_us": 10, "item_id": "b"},
+              {**base, "event_us": 30, "item_id": "a", "category_id": "c1"},
+              {**base, "event_us": 20, "item_id": "c", "event_type": "add_to_cart"},
+              {**base, "event_us": 5, "item_id": "a"},
+              {**base, "event_us": 40, "item_id": "b", "category_id": "c3"},
+              {**base, "event_us": 40, "item_id": "d"}]
+    row = pyf.role_row("user", "u", 0, events[0], last_items_n=3)
+    for event in events[1:]:
+        row = pyf.fold_role(row, pyf.role_row("user", "u", 0, event, last_items_n=3),
+                            last_items_n=3)
+    assert row["views"] == 5 and row["carts"] == 1
+    assert row["items_viewed"] == ["a", "b", "d"]
+    view, cart = pyf.ACTIVITY_WEIGHTS["view"], pyf.ACTIVITY_WEIGHTS["add_to_cart"]
+    assert row["category_weights"] == [{"category_id": "c1", "weight": view},
+                                       {"category_id": "c2", "weight": 3 * view + cart},
+                                       {"category_id": "c3", "weight": view}]
+    assert row["last_viewed"] == [{"event_us": 40, "item_id": "b"},
+                                  {"event_us": 40, "item_id": "d"},
+                                  {"event_us": 30, "item_id": "a"}]
+    assert row["max_us"] == 40 and row["last_purchased"] == []
