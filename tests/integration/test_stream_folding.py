@@ -192,9 +192,9 @@ def test_an_events_topic_created_again_under_its_name_skips_none_of_its_offsets(
 
     _create_topic(settings, name, again=True)
     deadline = time.monotonic() + 10  # the broker's metadata may still name the old topic
-    while kafka_topic_id(settings, name) in (None, first_id) and time.monotonic() < deadline:
+    while (new_id := kafka_topic_id(settings, name)) in (None, first_id):
+        assert time.monotonic() < deadline, f"the broker still names topic id {new_id}"
         time.sleep(0.2)
-    assert kafka_topic_id(settings, name) not in (None, first_id)
     # the new topic's rows so far are on two tile partitions of three
     new = [m for m in _messages(200, 17) if m[0] != 1]
     recreated = RoleFolder(events, topic_id=lookup)
@@ -205,7 +205,7 @@ def test_an_events_topic_created_again_under_its_name_skips_none_of_its_offsets(
     assert _stored(redis_client, expected) == expected
     # the marks are the new topic's only (none left of the old one's third partition)...
     stored = {k.decode(): v.decode() for k, v in redis_client.hgetall(marks_key(name)).items()}
-    assert stored.pop(TOPIC_ID_FIELD) == kafka_topic_id(settings, name)
+    assert stored.pop(TOPIC_ID_FIELD) == new_id
     assert {field: int(v) for field, v in stored.items()} == _marks(new)
     # ...so its rows read again are skipped
     again = RoleFolder(events, topic_id=lookup)
