@@ -5,8 +5,9 @@ event once per role (:func:`pipelines.streaming.realtime.realtime_roles`), witho
 aggregation that was three quarters of its CPU (docs/streaming-performance.md, "The
 Real-time query without its aggregation"). The feed folds them, one at a time
 (:func:`pipelines.streaming.pyfeatures.fold_role`), into the same rows
-:func:`features.tiles.keyed_tiles` gives and hands those full rows to :class:`pipelines.streaming.realtime.RealtimeWriter`, which
-writes them as it writes the tiles shape's.
+:func:`features.tiles.keyed_tiles` gives and hands those full rows to
+:class:`pipelines.streaming.realtime.RealtimeWriter`, which writes them as it writes the
+tiles shape's.
 
 Why it stays exact:
 

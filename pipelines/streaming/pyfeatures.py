@@ -266,8 +266,8 @@ def fold_role(held: Mapping[str, Any], one: Mapping[str, Any], *, last_items_n: 
     repeats): the same row, key for key and in the same order, without sorting anything.
 
     Why: the Real-time feed of the ``roles`` shape applies every role row this way, and
-    ``merge_keyed`` sorted and rebuilt each of a user row's lists every time: half of the
-    fold's CPU (docs/streaming-performance.md, "The fold without sorting"). One event adds
+    ``merge_keyed`` sorted and rebuilt each of a user row's lists every time: about a third
+    of the fold's CPU (docs/streaming-performance.md, "The fold without sorting"). One event adds
     at most one item, one category and one last-item entry, each put in its place.
     ``tests/unit/test_stream_pyfeatures.py`` compares the two on random event streams.
     """
