@@ -317,14 +317,8 @@ def bench_settings(name: str, **overrides: Any) -> Any:
     Built at the edge (benchmarks are entry points), from the environment like
     every other command, so ``SHOPSTREAM_*`` variables still apply.
     """
-    import socket
-
+    from pipelines.infra.process import free_port
     from pipelines.settings import Settings
-
-    def free_port() -> int:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return sock.getsockname()[1]
 
     base = Path(".shopstream-bench") / name
     values: dict[str, Any] = {

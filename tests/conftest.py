@@ -15,13 +15,10 @@ from typing import Any
 
 import pytest
 
+from pipelines.infra.process import free_port
 from pipelines.settings import Settings
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+__all__ = ["free_port"]
 
 
 @pytest.fixture

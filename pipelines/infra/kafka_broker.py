@@ -19,7 +19,13 @@ from typing import Any
 
 from pipelines.connections import kafka_admin, kafka_unreachable
 from pipelines.infra.jars import kafka_broker_jars
-from pipelines.infra.process import ManagedProcess, ensure_ports_free, log_size, wait_until
+from pipelines.infra.process import (
+    ManagedProcess,
+    StartupError,
+    ensure_ports_free,
+    log_size,
+    wait_until,
+)
 from pipelines.settings import Settings
 
 __all__ = ["KafkaBroker", "TopicInfo"]
@@ -42,6 +48,15 @@ logger.apache.level = WARN
 logger.started.name = kafka.server.KafkaRaftServer
 logger.started.level = INFO
 """
+
+
+def _java_error(stderr: str, limit: int = 800) -> str:
+    """What a JVM tool's failure says, without its stack frames: the tail of a trace is
+    ``at ...`` lines and would hide the exception's own message."""
+    said = [line for line in stderr.strip().splitlines()
+            if line.strip() and not line.lstrip().startswith(("at ", "..."))]
+    text = " | ".join(line.strip() for line in said) or stderr.strip()
+    return text[:limit]
 
 
 @dataclass(frozen=True)
@@ -129,7 +144,7 @@ class KafkaBroker:
         ]
         result = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if result.returncode != 0:
-            raise RuntimeError(f"formatting Kafka storage failed: {result.stderr.strip()[-500:]}")
+            raise StartupError(f"formatting Kafka storage failed: {_java_error(result.stderr)}")
 
     def start(self, timeout: float = 90.0) -> None:
         """Start the broker (no-op when it is already running) and create the topics."""
@@ -137,6 +152,11 @@ class KafkaBroker:
         if self.process.is_running():
             log.info("kafka already running (pid %s) on %s", self.process.pid, self.address)
         else:
+            if self.settings.kafka_controller_port == self.port:
+                raise StartupError(
+                    f"cannot start the Kafka broker: SHOPSTREAM_KAFKA_CONTROLLER_PORT ({self.port}) is "
+                    f"the port of SHOPSTREAM_KAFKA_BOOTSTRAP_SERVERS ({self.address}); the broker's "
+                    "controller needs a port of its own")
             ensure_ports_free("the Kafka broker", [(self.host, self.port)],
                               "SHOPSTREAM_KAFKA_BOOTSTRAP_SERVERS")
             ensure_ports_free("the Kafka broker's controller",

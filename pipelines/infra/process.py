@@ -18,9 +18,26 @@ from pathlib import Path
 from typing import TypeVar
 
 __all__ = ["ManagedProcess", "wait_until", "StartupError", "pid_alive", "ensure_ports_free",
-           "log_size"]
+           "log_size", "free_port"]
 
 T = TypeVar("T")
+
+_PORTS_GIVEN: set[int] = set()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now, and one this process has not handed out before.
+
+    For tests and benchmarks that start their own servers. The kernel may give the same
+    free port to two binds in a row (nothing holds it in between): a broker given one port
+    for its listener and its controller fails to start."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
 
 
 class StartupError(RuntimeError):

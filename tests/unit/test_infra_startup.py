@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.infra import KafkaBroker, RedisServer
+from pipelines.infra.kafka_broker import _java_error
 from pipelines.infra.process import StartupError, wait_until
 from pipelines.settings import Settings
 from tests.conftest import free_port
@@ -45,6 +46,42 @@ def test_kafka_refuses_a_port_another_program_holds(tmp_path: Path, listening: i
     assert f"already listens on 127.0.0.1:{listening} " in str(refused.value)
     assert str(refused.value).endswith(f"set {setting} to a free port")
     assert broker.process.pid is None
+
+
+def test_kafka_refuses_one_port_for_its_listener_and_its_controller(tmp_path: Path) -> None:
+    """CI once gave both the same free port: Kafka's storage tool failed, and the message kept
+    only the tail of its stack trace."""
+    port = free_port()
+    broker = KafkaBroker(_settings(tmp_path, kafka_bootstrap_servers=f"127.0.0.1:{port}",
+                                   kafka_controller_port=port))
+    with pytest.raises(StartupError) as refused:
+        broker.start()
+    assert str(refused.value) == (
+        f"cannot start the Kafka broker: SHOPSTREAM_KAFKA_CONTROLLER_PORT ({port}) is the port "
+        f"of SHOPSTREAM_KAFKA_BOOTSTRAP_SERVERS (127.0.0.1:{port}); the broker's controller "
+        "needs a port of its own")
+    assert broker.process.pid is None and not broker.data_dir.exists()
+
+
+def test_a_failed_kafka_tool_is_reported_by_its_exception_not_its_stack_frames() -> None:
+    stderr = (
+        'Exception in thread "main" java.lang.IllegalArgumentException: requirement failed: If '
+        "you have two listeners on the same port then one needs to be IPv4 and the other IPv6, "
+        "listeners: PLAINTEXT://127.0.0.1:29411,CONTROLLER://127.0.0.1:29411, port: 29411\n"
+        + "".join(f"\tat kafka.utils.CoreUtils$.frame{i}(CoreUtils.scala:{i})\n"
+                  for i in range(40))
+        + "\t... 5 more\n")
+    said = _java_error(stderr)
+    assert said.startswith('Exception in thread "main" java.lang.IllegalArgumentException: '
+                           "requirement failed: If you have two listeners on the same port")
+    assert "CoreUtils" not in said
+
+
+def test_free_port_never_hands_out_a_port_twice() -> None:
+    """The kernel gives one free port to two binds in a row now and then (814 repeats in
+    5,000 binds here): a broker given one port for its two listeners cannot start."""
+    ports = [free_port() for _ in range(3000)]
+    assert len(set(ports)) == len(ports)
 
 
 def test_a_server_that_exits_during_startup_gives_its_own_reason(tmp_path: Path) -> None:
