@@ -84,7 +84,8 @@ class Settings(BaseSettings):
     kafka_sasl_username: str | None = None
     kafka_sasl_password: SecretStr | None = None
     kafka_controller_port: int = Field(default=9093, ge=1, le=65535)
-    """Controller listener of the embedded KRaft broker (local only)."""
+    """Controller listener of the embedded KRaft broker (local only): a port of its own, not the
+    broker's port in ``kafka_bootstrap_servers`` (``infra up`` refuses one port for both)."""
     kafka_version: str = "4.1.1"
     """Apache Kafka release of the embedded broker's jars."""
     kafka_heap: str = "512m"
