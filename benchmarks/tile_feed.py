@@ -29,8 +29,14 @@ the rows of one tile, but caught up the feed flushes every 20 ms, about 80 rows 
 2,000 events/s, each row a touch of its own. Its cost per row there (thread CPU) is what
 the live load costs it; the peer writes the same flushes with one pipelined ``HSET`` a row.
 
+``--shape`` picks what the query sends (``stream_realtime_shape``): ``roles``, the default,
+each valid event once per role with its source offset, which the feed folds into the
+tiles (:class:`pipelines.streaming.folding.RoleFolder`) before it writes them, in the
+drains and in the live-sized flushes alike; ``tiles``, full tile rows from the query's
+aggregation. Either way the peer moves the same messages raw.
+
 Usage: ``python -m benchmarks.tile_feed [--events N] [--batch B] [--repeats R] [--live-flush F]
-[--feeds K]``.
+[--feeds K] [--shape roles|tiles]``.
 """
 
 from __future__ import annotations
@@ -61,21 +67,28 @@ def _say(text: str) -> None:
 
 
 def _tiles_topic(settings: Any, spark: Any, events_topic: str, batch: int) -> int:
-    """The backlog's tile rows in ``settings.kafka_topic_rt_tiles``; returns their count."""
-    from pipelines.streaming.realtime import ensure_topic, realtime_tiles
+    """The backlog's messages as the Real-time query of ``settings.stream_realtime_shape``
+    sends them, in the feed's topic (:func:`pipelines.streaming.realtime.feed_topic`);
+    returns their count."""
+    from pipelines.streaming.realtime import (
+        ensure_topic,
+        feed_topic,
+        realtime_roles,
+        realtime_tiles,
+    )
 
     ensure_topic(settings)
-    out = realtime_tiles(spark, settings, {"subscribe": events_topic,
-                                           "startingOffsets": "earliest",
-                                           "maxOffsetsPerTrigger": str(batch)})
+    build = realtime_roles if settings.stream_realtime_shape == "roles" else realtime_tiles
+    out = build(spark, settings, {"subscribe": events_topic, "startingOffsets": "earliest",
+                                  "maxOffsetsPerTrigger": str(batch)})
+    topic = feed_topic(settings)
     query = (out.writeStream.queryName("bench-tile-rows").outputMode("update").format("kafka")
              .options(**settings.spark_kafka_options())
-             .option("topic", settings.kafka_topic_rt_tiles)
-             .option("checkpointLocation",
-                     str(Path(settings.data_dir) / "checkpoints" / settings.kafka_topic_rt_tiles))
+             .option("topic", topic)
+             .option("checkpointLocation", str(Path(settings.data_dir) / "checkpoints" / topic))
              .trigger(availableNow=True).start())
     query.awaitTermination()
-    return _topic_size(settings, settings.kafka_topic_rt_tiles)
+    return _topic_size(settings, topic)
 
 
 def _topic_size(settings: Any, topic: str) -> int:
@@ -97,10 +110,10 @@ def _rewind_feed_group(settings: Any) -> None:
     from kafka.structs import OffsetAndMetadata
 
     from pipelines.connections import kafka_consumer
-    from pipelines.streaming.realtime import QUERY_NAME
+    from pipelines.streaming.realtime import FEED_GROUP, feed_topic
 
-    topic = settings.kafka_topic_rt_tiles
-    consumer = kafka_consumer(settings, group_id=f"{QUERY_NAME}-feed")
+    topic = feed_topic(settings)
+    consumer = kafka_consumer(settings, group_id=FEED_GROUP)
     try:
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
         consumer.assign(tps)
@@ -155,9 +168,10 @@ def _raw_run(settings: Any, rows: int) -> float:
     from kafka import TopicPartition
 
     from pipelines.connections import kafka_consumer, redis_client
+    from pipelines.streaming.realtime import feed_topic
 
     _empty_redis(settings)
-    topic = settings.kafka_topic_rt_tiles
+    topic = feed_topic(settings)
     consumer = kafka_consumer(settings)
     client = redis_client(settings)
     try:
@@ -182,42 +196,47 @@ def _raw_run(settings: Any, rows: int) -> float:
         client.close()
 
 
-def _topic_records(settings: Any, rows: int) -> list[tuple[bytes, float]]:
-    """Every row of the tiles topic (value, send time in epoch seconds), as a consumer polls them."""
+def _topic_records(settings: Any, rows: int) -> list[tuple[int, bytes, float]]:
+    """Every message of the feed's topic (partition, value, send time in epoch seconds), as a
+    consumer polls them."""
     from kafka import TopicPartition
 
     from pipelines.connections import kafka_consumer
+    from pipelines.streaming.realtime import feed_topic
 
-    topic = settings.kafka_topic_rt_tiles
+    topic = feed_topic(settings)
     consumer = kafka_consumer(settings)
     try:
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or [])]
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
-        records: list[tuple[bytes, float]] = []
+        records: list[tuple[int, bytes, float]] = []
         started = time.monotonic()
         while len(records) < rows:
             if time.monotonic() - started > DRAIN_TIMEOUT_S:
                 raise RuntimeError(f"read {len(records):,} of {rows:,} tile rows in "
                                    f"{DRAIN_TIMEOUT_S:.0f} s")
             for part in consumer.poll(timeout_ms=200, max_records=10_000).values():
-                records.extend((r.value, r.timestamp / 1000) for r in part)
+                records.extend((r.partition, r.value, r.timestamp / 1000) for r in part)
         return records
     finally:
         consumer.close()
 
 
-def _live_feed_run(settings: Any, records: list[tuple[bytes, float]], flush_rows: int
+def _live_feed_run(settings: Any, records: list[tuple[int, bytes, float]], flush_rows: int
                    ) -> tuple[float, float]:
     """(seconds, thread CPU seconds) the feed's writer takes for ``records`` in flushes of
-    ``flush_rows``, with the feed's collector settings, on an emptied Redis."""
+    ``flush_rows``, with the feed's collector settings, on an emptied Redis; role rows are
+    folded first and the fold's rows and marks stored after each flush, as the feed does."""
     import orjson
 
+    from pipelines.streaming.folding import RoleFolder
     from pipelines.streaming.heap import HeapFreezer, YoungThreshold
     from pipelines.streaming.realtime import RealtimeWriter
 
     _empty_redis(settings)
     writer = RealtimeWriter(settings)
+    folder = RoleFolder(settings) if settings.stream_realtime_shape == "roles" else None
     young = YoungThreshold(settings.stream_realtime_gc_young_threshold)
     heap = HeapFreezer(settings.stream_realtime_gc_freeze_seconds)
     writer.connect()
@@ -225,9 +244,16 @@ def _live_feed_run(settings: Any, records: list[tuple[bytes, float]], flush_rows
     try:
         started, cpu = time.monotonic(), time.thread_time()
         for i in range(0, len(records), flush_rows):
-            for value, sent in records[i:i + flush_rows]:
-                writer.add(orjson.loads(value), sent)
-            writer.flush()
+            flush = records[i:i + flush_rows]
+            if folder is None:
+                for _, value, sent in flush:
+                    writer.add(orjson.loads(value), sent)
+                writer.flush()
+            else:
+                for tile in folder.fold(writer.client, flush):
+                    writer.add(tile.row, tile.sent_s)
+                writer.flush()
+                folder.persist(writer.client)
             heap.step()
         writer.flush(final=True)
         return time.monotonic() - started, time.thread_time() - cpu
@@ -236,7 +262,8 @@ def _live_feed_run(settings: Any, records: list[tuple[bytes, float]], flush_rows
         writer.disconnect()
 
 
-def _live_raw_run(settings: Any, records: list[tuple[bytes, float]], flush_rows: int) -> float:
+def _live_raw_run(settings: Any, records: list[tuple[int, bytes, float]], flush_rows: int
+                  ) -> float:
     """Seconds one pipelined ``HSET`` per row takes for ``records``, a pipeline per flush."""
     from pipelines.connections import redis_client
 
@@ -246,7 +273,7 @@ def _live_raw_run(settings: Any, records: list[tuple[bytes, float]], flush_rows:
         started = time.monotonic()
         for i in range(0, len(records), flush_rows):
             pipe = client.pipeline(transaction=False)
-            for n, (value, _) in enumerate(records[i:i + flush_rows]):
+            for n, (_, value, _) in enumerate(records[i:i + flush_rows]):
                 pipe.hset(b"bench:tile:%d" % ((i + n) % 50_000), b"v", value)
             pipe.execute()
         return time.monotonic() - started
@@ -266,6 +293,9 @@ def main(argv: list[str] | None = None) -> BenchResult:
     parser.add_argument("--feeds", type=int, default=TOPIC_PARTITIONS,
                         help=f"feeds side by side in the third drain (1: no such run; at most "
                              f"the topic's {TOPIC_PARTITIONS} partitions)")
+    parser.add_argument("--shape", choices=("roles", "tiles"), default="roles",
+                        help="what the Real-time query sends the feed (stream_realtime_shape; "
+                             "default roles, the job's default): role rows to fold, or whole tiles")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where plots go")
     args = parser.parse_args(argv if argv is not None else [])
     if min(args.events, args.batch, args.repeats, args.live_flush, args.feeds) <= 0:
@@ -274,19 +304,21 @@ def main(argv: list[str] | None = None) -> BenchResult:
         parser.error(f"--feeds: at most the tile topic's {TOPIC_PARTITIONS} partitions")
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from benchmarks.streaming_throughput import _backlog, _topic
+    from benchmarks.streaming_throughput import _backlog
     from pipelines.infra import KafkaBroker, RedisServer
     from pipelines.spark import spark_session
 
     tag = uuid.uuid4().hex[:8]
+    what = "role rows" if args.shape == "roles" else "tile rows"
+    did = "role rows folded into tiles" if args.shape == "roles" else "tiles"
+    events_topic = f"bench.tf.{tag}"
     settings = bench_settings("tile_feed", kafka_topic_partitions=TOPIC_PARTITIONS,
                               spark_master="local[2]",
                               spark_shuffle_partitions=2,
+                              # the fold's marks are per events topic: the backlog's
+                              kafka_topic_events=events_topic,
                               kafka_topic_rt_tiles=f"bench.tiles.{tag}",
-                              # whole tiles: this bench measures the feed's writes; the
-                              # default (roles) shape's fold is measured live, in
-                              # streaming_throughput
-                              stream_realtime_shape="tiles")
+                              stream_realtime_shape=args.shape)
     broker, redis = KafkaBroker(settings), RedisServer(settings)
     redis.start()
     broker.start()
@@ -297,8 +329,6 @@ def main(argv: list[str] | None = None) -> BenchResult:
                              "(about 2,000-2,600/s at 1,000 events/s)"},
     )
     try:
-        events_topic = f"bench.tf.{tag}"
-        _topic(settings, events_topic)
         _say(f"backlog of {args.events:,} events")
         _backlog(settings, events_topic, args.events)
         spark = spark_session(settings, app_name="bench-tile-feed")
@@ -306,7 +336,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
             rows = _tiles_topic(settings, spark, events_topic, args.batch)
         finally:
             spark.stop()
-        _say(f"{rows:,} tile rows (micro-batches of {args.batch:,} events)")
+        _say(f"{rows:,} {what} (micro-batches of {args.batch:,} events)")
         systems = ["raw", "feed"] + (["feeds"] if args.feeds > 1 else [])
         times: dict[str, list[float]] = {k: [] for k in systems}
         keys: dict[str, int] = {}  # what a run left in Redis: the feed's features and tiles
@@ -321,7 +351,7 @@ def main(argv: list[str] | None = None) -> BenchResult:
             _say(f"run {i}/{len(drains)}, {which}: {rows:,} rows in {seconds:.2f} s "
                  f"({rows / seconds:,.0f} rows/s)")
         median = {k: statistics.median(v) for k, v in times.items()}
-        result.rows.append({"system": "shopstream TileFeed (tiles, features, top lists)",
+        result.rows.append({"system": f"shopstream TileFeed ({did}, features, top lists)",
                             "rows": rows, "runs": len(times["feed"]),
                             "median_s": median["feed"], "rows_per_s": rows / median["feed"],
                             "runs_s": ", ".join(f"{s:.2f}" for s in times["feed"]),
@@ -371,7 +401,8 @@ def main(argv: list[str] | None = None) -> BenchResult:
             live_median["raw"] / live_median["feed"])
         result.notes.append(
             f"{args.events:,} generated events (2 % malformed, duplicates) in micro-batches of "
-            f"{args.batch:,}: {rows:,} tile rows on {TOPIC_PARTITIONS} partitions; drains in "
+            f"{args.batch:,}: {rows:,} {what} (SHOPSTREAM_STREAM_REALTIME_SHAPE={args.shape}; "
+            f"the rows of every figure here) on {TOPIC_PARTITIONS} partitions; drains in "
             f"the order {', '.join(drains)}, Redis emptied before each, the feeds fresh ones "
             "each time")
         result.notes.append(
