@@ -10,8 +10,8 @@ each benchmark (those not run this time keep their last result), the date, the m
 Default sizes (``make bench``): streaming 3,000,000 backlog events, three micro-batches at
 the job's cap (and the same for Feast's processor), 40 freshness probes per mode at 1,000 background events/s, and
 Real-time Mode also at 500 and 2,000 events/s (where it keeps up on this 2-core machine,
-and where its p99 passes 1 s); the tile feed 200,000 events' tile rows, 3 runs
-against 3 of a plain consumer writing them raw; serving
+and where its p99 passes 1 s); the tile feed 200,000 events' role rows (the default shape;
+``--shape tiles``: whole tiles), 3 runs against 3 of a plain consumer writing them raw; serving
 10,000 users, 20,000 in-process calls, 10 s of HTTP at 1,000 requests/s per server;
 training 1,000,000 generated interactions, every model and its reference.
 ``--smoke`` runs each at a tiny size (seconds, for CI): the figures mean nothing, only

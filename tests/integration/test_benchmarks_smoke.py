@@ -114,10 +114,11 @@ def test_streaming_smoke(tmp_path: Path) -> None:
 
 
 def test_tile_feed_smoke(tmp_path: Path) -> None:
-    """The feed drains the tile rows of a small backlog into Redis (its tiles, features and
-    top lists: more keys than the raw peer's one hash per tile key), and so does the peer."""
+    """The feed drains the role rows of a small backlog into Redis, folded into tiles (its
+    tiles, features and top lists: more keys than the raw peer's one hash per tile key), and
+    so does the peer. The job's default shape (roles) is the bench's."""
     payload, results, _ = _run_smoke("tile_feed", tmp_path)
-    feed = _row(payload, "shopstream TileFeed")
+    feed = _row(payload, "shopstream TileFeed (role rows folded into tiles")
     raw = _row(payload, "plain Kafka consumer")
     assert feed["rows"] == raw["rows"] > 0, _explain(payload)
     assert _positive(feed["rows_per_s"]) and _positive(raw["rows_per_s"]), _explain(payload)
