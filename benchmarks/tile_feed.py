@@ -227,12 +227,11 @@ def _live_feed_run(settings: Any, records: list[tuple[int, bytes, float]], flush
                    ) -> tuple[float, float]:
     """(seconds, thread CPU seconds) the feed's writer takes for ``records`` in flushes of
     ``flush_rows``, with the feed's collector settings, on an emptied Redis; role rows are
-    folded first and the fold's rows and marks stored after each flush, as the feed does."""
-    import orjson
-
+    folded first and the fold's rows and marks stored after each flush: the feed's own step
+    (:func:`pipelines.streaming.realtime.apply_rows`)."""
     from pipelines.streaming.folding import RoleFolder
     from pipelines.streaming.heap import HeapFreezer, YoungThreshold
-    from pipelines.streaming.realtime import RealtimeWriter
+    from pipelines.streaming.realtime import RealtimeWriter, apply_rows
 
     _empty_redis(settings)
     writer = RealtimeWriter(settings)
@@ -244,16 +243,7 @@ def _live_feed_run(settings: Any, records: list[tuple[int, bytes, float]], flush
     try:
         started, cpu = time.monotonic(), time.thread_time()
         for i in range(0, len(records), flush_rows):
-            flush = records[i:i + flush_rows]
-            if folder is None:
-                for _, value, sent in flush:
-                    writer.add(orjson.loads(value), sent)
-                writer.flush()
-            else:
-                for tile in folder.fold(writer.client, flush):
-                    writer.add(tile.row, tile.sent_s)
-                writer.flush()
-                folder.persist(writer.client)
+            apply_rows(writer, folder, records[i:i + flush_rows])
             heap.step()
         writer.flush(final=True)
         return time.monotonic() - started, time.thread_time() - cpu

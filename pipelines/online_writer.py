@@ -66,6 +66,8 @@ __all__ = [
     "entity_partition_writer",
     "write_entity_features",
     "write_top_items",
+    "write_top_lists",
+    "epoch_ms",
     "write_top_items_df",
     "write_item_metadata",
     "item_metadata_partition_writer",
@@ -100,7 +102,8 @@ def _ts_nanos(data: bytes | None) -> int | None:
     return ts.seconds * 1_000_000_000 + ts.nanos
 
 
-def _epoch_ms(ts: datetime) -> int:
+def epoch_ms(ts: datetime) -> int:
+    """Epoch milliseconds of ``ts`` (naive: UTC), as every online timestamp is stored."""
     if ts.tzinfo is None:
         ts = ts.replace(tzinfo=UTC)
     return int(ts.timestamp() * 1000)
@@ -364,11 +367,31 @@ def write_top_items(
         stamp = r["event_timestamp"]
         ms = stamps.get(stamp)
         if ms is None:
-            ms = stamps[stamp] = _epoch_ms(stamp)
+            ms = stamps[stamp] = epoch_ms(stamp)
         if as_of_ms is not None and ms != as_of_ms:
             raise ValueError("write_top_items takes the rows of a single as-of time")
         as_of_ms = ms
     if as_of_ms is None:
+        return 0
+    return write_top_lists(client, lists, as_of_ms, top_n=top_n, prune=prune,
+                           ttl_seconds=ttl_seconds, written=written)
+
+
+def write_top_lists(
+    client: redis.Redis,
+    lists: Mapping[TopSpec, dict[str, float]],
+    as_of_ms: int,
+    *,
+    top_n: int,
+    prune: bool = False,
+    ttl_seconds: int = online_keys.TOP_TTL,
+    written: TopListsWritten | None = None,
+) -> int:
+    """:func:`write_top_items` of lists already grouped: ``(kind, window, scope)`` -> item ->
+    score, all as of ``as_of_ms`` (epoch ms). The Real-time feed keeps its lists in this
+    shape (:class:`pipelines.streaming.pyfeatures.TopLists`), so it neither builds the rows
+    nor has them parsed back: tens of thousands of rows per top write."""
+    if not lists:
         return 0
     meta_key = online_keys.top_meta_key()
 
@@ -471,7 +494,7 @@ def add_item_metadata(batch: CommandBatch, row: Any, ttl_seconds: int) -> None:
     r = _as_dict(row)
     key = online_keys.item_meta_key(str(r["item_id"]))
     fields = ["category_id", str(r["category_id"]), "region", str(r["region"]),
-              "updated_ms", str(_epoch_ms(r["event_time"]))]
+              "updated_ms", str(epoch_ms(r["event_time"]))]
     if r.get("price") is not None:
         fields += ["price", repr(float(r["price"]))]
     batch.add("HSET", key, *fields)

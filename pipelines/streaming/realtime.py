@@ -69,7 +69,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -94,7 +94,6 @@ from pipelines.streaming.pyfeatures import (
     RunningUsers,
     SalesTotals,
     from_us,
-    rank_top_items,
     tile_of,
 )
 from pipelines.streaming.rt_snapshots import AskedSnapshots, rt_snapshot_keys
@@ -107,6 +106,7 @@ __all__ = [
     "QUERY_NAME",
     "POLL_MS",
     "RealtimeWriter",
+    "apply_rows",
     "TileFeed",
     "Feeds",
     "feed_partitions",
@@ -192,6 +192,14 @@ def rt_clock_key() -> str:
 
 
 # ------------------------------------------------------------------ writer
+@lru_cache(maxsize=1 << 14)
+def _scope(category_id: str | None, region: str | None) -> str:
+    """A top list's scope name, cached: each top write names every list's scope."""
+    from features import online_keys
+
+    return online_keys.scope_for(category_id, region)
+
+
 def _encode_tile(row: Mapping[str, Any]) -> bytes:
     return orjson.dumps(row)  # bytes, as Redis stores them: no str to encode again
 
@@ -545,14 +553,17 @@ class RealtimeWriter:
 
     def _write_top(self, as_of: datetime) -> None:
         """Rank the lists from the running totals (:class:`SalesTotals`, kept by
-        :meth:`flush`), not from every sales tile of the window."""
+        :meth:`flush`), not from every sales tile of the window; only the lists whose
+        units changed since the last top write are ranked again."""
         from pipelines import online_writer
 
         assert self._totals is not None  # a flush made them before any top write
         started = time.time()
-        rows = rank_top_items(self._totals.units, as_of, top_n=self.top_n)
-        if rows:
-            online_writer.write_top_items(self._client, rows, top_n=self.top_n, prune=True,
+        lists = {(kind, window, _scope(cat, reg)): members for (kind, window, cat, reg), members
+                 in self._totals.top_lists(top_n=self.top_n).items()}
+        if lists:
+            online_writer.write_top_lists(self._client, lists, online_writer.epoch_ms(as_of),
+                                          top_n=self.top_n, prune=True,
                                           written=self._top_written)
         end = time.time()
         self._next_top = end + max(TOP_EVERY_SECONDS, (end - started) / TOP_SHARE)
@@ -607,6 +618,29 @@ def _percentiles(values: list[float]) -> tuple[float, float, float]:
         return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
 
     return pct(0.5), pct(0.99), ordered[-1]
+
+
+def apply_rows(writer: RealtimeWriter, folder: RoleFolder | None,
+               rows: Iterable[tuple[int, bytes, float]]) -> int:
+    """A feed's step for one poll: ``rows`` ((tile partition, message value, sent at, epoch
+    seconds)) into Redis. Full tiles (``folder`` is ``None``) are written as they are; role
+    rows (the ``roles`` shape) are folded first, then written, then the fold's rows and marks
+    stored (:meth:`pipelines.streaming.folding.RoleFolder.persist`), in that order so a crash
+    between folds again onto what is stored. One function for the feed and the tile feed
+    bench, which must measure the feed's own steps. Returns the role rows skipped as applied
+    before."""
+    if folder is None:
+        for _, value, sent_s in rows:
+            writer.add(orjson.loads(value), sent_s)
+        writer.flush()
+        return 0
+    before = folder.skipped
+    folded = folder.fold(writer.client, rows)
+    for tile in folded:
+        writer.add(tile.row, tile.sent_s)
+    writer.flush()
+    folder.persist(writer.client)
+    return folder.skipped - before
 
 
 class TileFeed:
@@ -818,26 +852,13 @@ class TileFeed:
             self.writer.disconnect()
 
     def _apply(self, records: list[Any]) -> None:
-        """One poll's records to Redis: full tiles as they are; role rows (the ``roles``
-        shape) folded first, then written, then the fold's rows and marks
-        (:class:`pipelines.streaming.folding.RoleFolder`), before any commit."""
-        writer = self.writer
-        if self.folder is None:
-            for record in records:
-                writer.add(orjson.loads(record.value), record.timestamp / 1000)
-            writer.flush()
-            return
-        skipped = self.folder.skipped
-        folded = self.folder.fold(writer.client, ((r.partition, r.value, r.timestamp / 1000)
-                                                  for r in records))
-        if self.folder.skipped > skipped:  # a restart's replay: said, as it is not lost work
+        """One poll's records to Redis (:func:`apply_rows`), before any commit."""
+        skipped = apply_rows(self.writer, self.folder,
+                             ((r.partition, r.value, r.timestamp / 1000) for r in records))
+        if skipped:  # a restart's replay: said, as it is not lost work
             log.info("real-time tile feed #%d: %d role rows skipped, applied before (sent "
                      "again by a restarted query, or read again since the last commit)",
-                     self.index, self.folder.skipped - skipped)
-        for tile in folded:
-            writer.add(tile.row, tile.sent_s)
-        writer.flush()
-        self.folder.persist(writer.client)
+                     self.index, skipped)
 
     def _warn_unread(self, consumer: Any, tps: list[Any]) -> None:
         """Say so when a new checkpoint's feed starts with another query's tiles to write.

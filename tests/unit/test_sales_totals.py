@@ -163,3 +163,63 @@ def test_running_items_match_finalize_item_over_the_stored_tiles(seed: int) -> N
             _same_item_row(running.finalize(item, as_of),
                            pyf.finalize_item(item, list(store[item].values()), as_of,
                                              slide_seconds=SLIDE))
+
+
+# ------------------------------------------------------------ top lists
+def _as_lists(rows: list[dict[str, Any]]) -> dict[Any, list[tuple[str, float]]]:
+    """Rows of :func:`rank_top_items` as lists: name -> (item, score) in rank order."""
+    lists: dict[Any, list[tuple[int, str, float]]] = {}
+    for r in rows:
+        lists.setdefault((r["kind"], r["window"], r["category_id"], r["region"]), []).append(
+            (r["rank"], r["item_id"], r["score"]))
+    return {name: [(item, score) for _, item, score in sorted(entries)]
+            for name, entries in lists.items()}
+
+
+def _listed(lists: dict[Any, dict[str, float]]) -> dict[Any, list[tuple[str, float]]]:
+    return {name: list(members.items()) for name, members in lists.items()}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_top_lists_ranked_from_changes_equal_a_full_ranking_at_every_step(seed: int) -> None:
+    """The feed ranks from :meth:`SalesTotals.top_lists`, which re-ranks only the lists whose
+    units changed; a change not marking its lists (a scope, a window, the trend list that
+    reads both windows) would leave a stale list that a full ranking would not give. Many
+    items over few scopes and a cut of 3 so that entries move in and out of the lists, with
+    ties (same units) ordered by item."""
+    rnd = random.Random(seed)
+    keys = [(f"i{n}", f"c{n % 3}", ("north", "south")[n % 2]) for n in range(12)]
+    current = 1_700_000_400 - 1_700_000_400 % SLIDE
+    feed = _Feed(current)
+    ranked = 0
+    for step in range(300):
+        current += rnd.choice([0, 0, 1, 1, 2, 5, 7, 150]) * SLIDE
+        updates = []
+        for _ in range(rnd.randint(0, 5)):
+            back = rnd.choice([0, 0, 1, 3, 8, 40, 200])
+            updates.append((current - back * SLIDE, rnd.choice(keys), rnd.randint(0, 4)))
+        feed.flush(current, updates)
+        if step % 3 == 0:  # rankings far apart too: many changes between two of them
+            continue
+        as_of = pyf.from_us((feed.totals.current + 30) * 1_000_000)
+        top_n = 5 if step > 250 else 3  # a new cut ranks every list again
+        mine = _listed(feed.totals.top_lists(top_n=top_n))
+        assert mine == _as_lists(pyf.rank_top_items(feed.totals.units, as_of, top_n=top_n))
+        ranked += sum(map(len, mine.values()))
+    assert ranked > 1000  # the lists were not empty all along
+
+
+def test_top_lists_of_totals_built_from_tiles_rank_like_top_items() -> None:
+    rnd = random.Random(11)
+    current = 1_700_000_400 - 1_700_000_400 % SLIDE
+    keys = [(f"i{n}", f"c{n % 4}", ("north", "south", "east")[n % 3]) for n in range(20)]
+    tiles = [{"tile_start": current - rnd.randint(0, 200) * SLIDE, "item_id": k[0],
+              "category_id": k[1], "region": k[2], "units": rnd.randint(1, 9)}
+             for k in (rnd.choice(keys) for _ in range(400))]
+    totals = pyf.SalesTotals.from_tiles(
+        [t for t in tiles if t["tile_start"] in pyf.SalesTotals.window_tiles(current, SLIDE)],
+        current, SLIDE)
+    as_of = pyf.from_us((current + 30) * 1_000_000)
+    want = pyf.top_items(tiles, as_of, slide_seconds=SLIDE, top_n=4)
+    assert {r["kind"] for r in want} == {"top", "trend"}
+    assert _listed(totals.top_lists(top_n=4)) == _as_lists(want)
