@@ -710,6 +710,7 @@ def _realtime_freshness(run_settings: Any, topic: str, rate: float, probes: int,
         epochs_before = epochs_logged(log_path)
         latencies, sent = _probe(run_settings, topic, probes, 0.5, PROBE_TIMEOUT_S, budget_s)
         boundaries = epochs_logged(log_path) - epochs_before
+        top = _top_writes(run_settings)
     finally:
         cpu.stop(proc.pid)
         stop.set()
@@ -722,7 +723,22 @@ def _realtime_freshness(run_settings: Any, topic: str, rate: float, probes: int,
             "sinks_caught_up_s": sinks_s, "epoch_boundaries": boundaries,
             "sinks_niced_after_s": int(niced.group(1)) if niced else None,
             "sinks_escalations": logged.count("has not caught up with the topic for"),
-            "cpu": cpu.cores}
+            "top": top, "cpu": cpu.cores}
+
+
+def _top_writes(settings: Any) -> dict[str, str]:
+    """The top-list writes of the feed's last report (``rt_top_*`` of the progress hash:
+    how many, how long, the longest time between two), read after the probes."""
+    from features.online_keys import stream_progress_key
+    from pipelines.connections import redis_client
+
+    client = redis_client(settings, timeout_ms=2000)
+    try:
+        return {k.decode().removeprefix("rt_top_"): v.decode()
+                for k, v in client.hgetall(stream_progress_key()).items()
+                if k.startswith(b"rt_top_")}
+    finally:
+        client.close()
 
 
 def epochs_logged(log_path: Path) -> int:
@@ -965,6 +981,13 @@ def main(argv: list[str] | None = None) -> BenchResult:
                         "the 2 cores); the query sends its feeds "
                         + ("role rows to fold (SHOPSTREAM_STREAM_REALTIME_SHAPE=roles)"
                            if settings.stream_realtime_shape == "roles" else "whole tiles"))
+                if fresh.get("top"):
+                    top = fresh["top"]
+                    result.notes.append(
+                        f"{label}: the feed's last report: {top.get('writes', '?')} top-list "
+                        f"writes, p50 {top.get('write_p50_s', '?')} s, max "
+                        f"{top.get('write_max_s', '?')} s, at most "
+                        f"{top.get('gap_max_s', '?')} s apart (how stale the top sellers got)")
                 result.notes.append(
                     f"{label}: {fresh['epoch_boundaries']} Real-time epoch boundaries during the "
                     f"probes (an epoch lasts {settings.stream_realtime_checkpoint_seconds} s; "

@@ -216,11 +216,13 @@ def write_textfile(path: Path, text: str) -> None:
 
 
 def realtime_prometheus_text(parts: Mapping[str, tuple[float, float, float]], tiles: int,
-                             at: datetime, feed: int = 0) -> str:
+                             at: datetime, feed: int = 0,
+                             top: Mapping[str, float] | None = None) -> str:
     """The Real-time feed's figures since its last report: freshness per ``part``
-    (``total``, ``query``, ``feed``) as p50 / p99 / max, and the tiles written; every
-    sample labelled with the feed's index (``feed="0"``...), as feeds side by side each
-    write a file."""
+    (``total``, ``query``, ``feed``) as p50 / p99 / max, the tiles written, and the top
+    writes (``top``: ``writes``, ``write_p50_s``, ``write_max_s``, ``gap_max_s``, from the
+    feed that keeps the top lists); every sample labelled with the feed's index
+    (``feed="0"``...), as feeds side by side each write a file."""
     name = f"{PREFIX}_rt_freshness_seconds"
     lines = [f"# HELP {name} Real-time freshness over the tiles since the last report: total "
              "(newest event -> in Redis), query (-> the tile sent), feed (sent -> in Redis).",
@@ -235,6 +237,21 @@ def realtime_prometheus_text(parts: Mapping[str, tuple[float, float, float]], ti
     ):
         lines += [f"# HELP {PREFIX}_{metric} {help_}", f"# TYPE {PREFIX}_{metric} gauge",
                   f'{PREFIX}_{metric}{{feed="{feed}"}} {_sample(value)}']
+    top = top or {}
+    if "writes" in top:
+        name = f"{PREFIX}_rt_top_write_seconds"
+        lines += [f"# HELP {name} Time of a top-lists write since the last report.",
+                  f"# TYPE {name} gauge"]
+        lines += [f'{name}{{feed="{feed}",quantile="{q}"}} {_sample(top[key])}'
+                  for q, key in (("0.5", "write_p50_s"), ("1", "write_max_s"))]
+    for metric, key, help_ in (
+        ("rt_top_writes", "writes", "Top-lists writes since the last report."),
+        ("rt_top_gap_max_seconds", "gap_max_s",
+         "Longest time between two top-lists writes since the last report."),
+    ):
+        if key in top:
+            lines += [f"# HELP {PREFIX}_{metric} {help_}", f"# TYPE {PREFIX}_{metric} gauge",
+                      f'{PREFIX}_{metric}{{feed="{feed}"}} {_sample(top[key])}']
     return "\n".join(lines) + "\n"
 
 
@@ -521,6 +538,10 @@ def stream_health(progress: Mapping[str, str], now: datetime,
                      f"{float(progress.get(f'{prefix}query_p99_s') or 0):.2f}, feed "
                      f"{float(progress.get(f'{prefix}feed_p99_s') or 0):.2f}; "
                      f"{_ago(rt_stamp, now)})")
+        gap = progress.get("rt_top_gap_max_s")  # the first feed keeps the top lists
+        if gap and any(prefix == "rt_" for _, prefix, _ in feeds):
+            parts.append(f"top lists rewritten at most {float(gap):.2f} s apart (a write "
+                         f"{float(progress.get('rt_top_write_max_s') or 0):.2f} s at most)")
     escalated = _parse_time(progress.get("sinks_escalated"))
     if escalated and (since is None or escalated >= since):
         parts.append(f"Parquet sinks given the driver's priority {_ago(escalated, now)} "

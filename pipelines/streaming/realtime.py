@@ -292,6 +292,7 @@ class RealtimeWriter:
         self.textfile = realtime_textfile_path(settings, feed)
         self.gc_pauses: GcPauses | None = None  # set by the feed while it runs
         self._client: Any = None
+        self._last_top: float | None = None  # when the last top write ended (reconnects too)
 
     @property
     def client(self) -> Any:
@@ -311,6 +312,8 @@ class RealtimeWriter:
         from pipelines.online_writer import TopListsWritten
 
         self._top_written = TopListsWritten()
+        self._top_s: list[float] = []  # each top write's time, for the report
+        self._top_gaps: list[float] = []  # from one top write's end to the next's
         self._latencies: list[float] = []
         # where the freshness goes: Spark's part (tile sent minus its newest event), the
         # feed's (tile sent -> written); Kafka's message timestamp is the send time
@@ -568,6 +571,10 @@ class RealtimeWriter:
         end = time.time()
         self._next_top = end + max(TOP_EVERY_SECONDS, (end - started) / TOP_SHARE)
         self.top_dirty = False
+        self._top_s.append(end - started)
+        if self._last_top is not None:
+            self._top_gaps.append(end - self._last_top)
+        self._last_top = end
 
     def report(self) -> None:
         """Freshness of the tiles written since the last report into the progress hash
@@ -601,13 +608,31 @@ class RealtimeWriter:
             name = "freshness" if part == "total" else part
             fields.update({f"rt_{name}_{q}_s": f"{v:.3f}"
                            for q, v in zip(("p50", "p99", "max"), values, strict=True)})
+        top = self._top_figures()
+        fields.update({f"rt_top_{name}": f"{v:.3f}" if name.endswith("_s") else f"{v:.0f}"
+                       for name, v in top.items()})
         if self.textfile is not None:
             try:
                 write_textfile(self.textfile, realtime_prometheus_text(parts, tiles, now,
-                                                                       feed=self.feed))
+                                                                       feed=self.feed, top=top))
             except OSError as exc:  # figures are not worth the feed
                 log.warning("real-time: could not write %s: %s", self.textfile, exc)
         self._client.hset(stream_progress_key(), mapping=realtime_fields(fields, self.feed))
+
+
+    def _top_figures(self) -> dict[str, float]:
+        """The top writes since the last report: how many, their time (p50, max) and the
+        longest time from one to the next (``gap_max_s``: how stale the top sellers got,
+        besides the tiles' own freshness); none when there were none (feeds other than
+        the first, which keeps the top lists)."""
+        if not self._top_s:
+            return {}
+        p50, _, most = _percentiles(self._top_s)
+        figures = {"writes": float(len(self._top_s)), "write_p50_s": p50, "write_max_s": most}
+        if self._top_gaps:
+            figures["gap_max_s"] = max(self._top_gaps)
+        self._top_s, self._top_gaps = [], []
+        return figures
 
 
 def _percentiles(values: list[float]) -> tuple[float, float, float]:

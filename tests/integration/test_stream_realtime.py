@@ -566,6 +566,10 @@ def test_tile_feed_applies_what_spark_sends_through_kafka(
     assert 0 <= progress["rt_feed_p50_s"] <= progress["rt_feed_max_s"] <= took
     assert progress["rt_query_max_s"] - 0.001 <= progress["rt_freshness_max_s"] <= (
         progress["rt_query_max_s"] + progress["rt_feed_max_s"] + 0.001)
+    # the first feed keeps the top lists: how many top writes, and how long they took
+    top_writes = int(redis_client.hget(stream_progress_key(), "rt_top_writes") or 0)
+    assert top_writes >= 1
+    assert 0 <= progress["rt_top_write_p50_s"] <= progress["rt_top_write_max_s"] <= took
     # and for Prometheus, in the textfile beside the job's
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -578,6 +582,8 @@ def test_tile_feed_applies_what_spark_sends_through_kafka(
                 for s in family.samples if s.name == "shopstream_stream_rt_freshness_seconds"}
     for part, field in (("total", "freshness"), ("query", "query"), ("feed", "feed")):
         assert exported[(part, "1")] == pytest.approx(progress[f"rt_{field}_max_s"], abs=0.001)
+    assert [s.value for family in text_string_to_metric_families(textfile.read_text())
+            for s in family.samples if s.name == "shopstream_stream_rt_top_writes"] == [top_writes]
     if feeds == 2:  # the second feed's figures: fields and a textfile of its own
         second = redis_client.hgetall(stream_progress_key())
         assert float(second[b"rt1_feed_max_s"]) <= took and int(second[b"rt1_tiles_written"]) > 0
