@@ -473,10 +473,13 @@ def _latest_from_newest(tiles: list[Mapping[str, Any]], field: str, n: int) -> l
     return _first_distinct((_ranked(t.get(field, ())) for t in reversed(tiles)), n)
 
 
+_TREND_RATIO = WINDOW_SECONDS[SHORT_WINDOW] / WINDOW_SECONDS[LONG_WINDOW]
+
+
 def trending_score(units_short: int, units_long: int) -> float:
-    """:func:`features.windows.trending_score`."""
-    ratio = WINDOW_SECONDS[SHORT_WINDOW] / WINDOW_SECONDS[LONG_WINDOW]
-    return (float(units_short) + 1.0) / (float(units_long) * ratio + 1.0)
+    """:func:`features.windows.trending_score` (the ratio computed once: a top write scores
+    every item sold in the hour)."""
+    return (float(units_short) + 1.0) / (float(units_long) * _TREND_RATIO + 1.0)
 
 
 def _latest_category(tiles: Iterable[Mapping[str, Any]]) -> tuple[int, str] | None:
