@@ -35,8 +35,14 @@ tiles (:class:`pipelines.streaming.folding.RoleFolder`) before it writes them, i
 drains and in the live-sized flushes alike; ``tiles``, full tile rows from the query's
 aggregation. Either way the peer moves the same messages raw.
 
+Last, the **top write** the first feed makes up to four times a second, for ``--top-keys``
+sales keys with each of ``--top-changes`` sales between two writes: the feed's (only the
+lists whose units changed are ranked again,
+:class:`pipelines.streaming.pyfeatures.TopLists`), every list ranked (the feed's before),
+and the peer, raw Redis writing the same lists whole with no ranking.
+
 Usage: ``python -m benchmarks.tile_feed [--events N] [--batch B] [--repeats R] [--live-flush F]
-[--feeds K] [--shape roles|tiles]``.
+[--feeds K] [--shape roles|tiles] [--top-keys N] [--top-changes 10,200]``.
 """
 
 from __future__ import annotations
@@ -271,6 +277,74 @@ def _live_raw_run(settings: Any, records: list[tuple[int, bytes, float]], flush_
         client.close()
 
 
+TOP_WRITES = 12
+"""Top writes timed per system and number of changes (after two not timed)."""
+
+
+def _top_write_run(settings: Any, keys: int, changes: int, which: str
+                   ) -> tuple[float, dict[bytes, Any]]:
+    """Median seconds of a top write for ``keys`` sales keys with ``changes`` sales between
+    two writes, on an emptied Redis. ``which``: ``lists``, the feed's top write (the totals'
+    :class:`~pipelines.streaming.pyfeatures.TopLists`, changed lists ranked again, then
+    :func:`~pipelines.online_writer.write_top_lists`); ``full``, every list ranked from the
+    totals into rows for :func:`~pipelines.online_writer.write_top_items` (the feed's top
+    write before TopLists); ``raw``, the peer: the same lists written with a pipelined
+    ``DEL``, ``ZADD`` and ``EXPIRE`` each, no ranking. The same seeded sales for all three,
+    so each leaves the same sorted sets in Redis (returned: name -> members and scores)."""
+    import random
+
+    from pipelines import online_writer
+    from pipelines.connections import redis_client
+    from pipelines.streaming import pyfeatures as pyf
+    from pipelines.streaming.realtime import _scope
+
+    rnd = random.Random(keys)
+    slide = settings.feature_slide_seconds
+    current = 1_700_000_400 - 1_700_000_400 % slide
+    sales = sorted({(f"item-{rnd.randrange(keys // 2)}", f"cat-{rnd.randrange(70)}",
+                     rnd.choice(("north", "south", "east", "west", "central")))
+                    for _ in range(keys)})
+    totals = pyf.SalesTotals(current, slide, {k: {"1h": rnd.choice((0, 0, 1, 2, 3)),
+                                                  "24h": rnd.randint(1, 40)} for k in sales})
+    top_n = settings.feature_top_n
+    written = online_writer.TopListsWritten()
+    _empty_redis(settings)
+    client = redis_client(settings)
+    times = []
+    try:
+        for n in range(TOP_WRITES + 2):
+            for _ in range(changes):
+                totals.change(current, rnd.choice(sales), rnd.randint(1, 3))
+            as_of = pyf.from_us((current + 30) * 1_000_000 + n * 1000)
+            lists = {} if which == "lists" else {  # untimed for the peer: it only writes them
+                (k, w, _scope(c, r)): m for (k, w, c, r), m in totals.top_lists(top_n=top_n).items()}
+            started = time.perf_counter()
+            if which == "lists":
+                lists = {(k, w, _scope(c, r)): m
+                         for (k, w, c, r), m in totals.top_lists(top_n=top_n).items()}
+                online_writer.write_top_lists(client, lists, online_writer.epoch_ms(as_of),
+                                              top_n=top_n, prune=True, written=written)
+            elif which == "full":
+                online_writer.write_top_items(
+                    client, pyf.rank_top_items(totals.units, as_of, top_n=top_n), top_n=top_n,
+                    prune=True, written=written)
+            else:
+                pipe = client.pipeline(transaction=False)
+                for spec, members in lists.items():
+                    name = online_writer.top_item_key(*spec)
+                    pipe.delete(name)
+                    pipe.zadd(name, members)
+                    pipe.expire(name, 3600)
+                pipe.execute()
+            if n >= 2:
+                times.append(time.perf_counter() - started)
+        left = {name: client.zrange(name, 0, -1, withscores=True)
+                for name in client.scan_iter(count=1000) if client.type(name) == b"zset"}
+        return statistics.median(times), left
+    finally:
+        client.close()
+
+
 def main(argv: list[str] | None = None) -> BenchResult:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -286,12 +360,23 @@ def main(argv: list[str] | None = None) -> BenchResult:
     parser.add_argument("--shape", choices=("roles", "tiles"), default="roles",
                         help="what the Real-time query sends the feed (stream_realtime_shape; "
                              "default roles, the job's default): role rows to fold, or whole tiles")
+    parser.add_argument("--top-keys", type=int, default=12_000,
+                        help="sales keys (item, category, region) of the top-write runs "
+                             "(0: none)")
+    parser.add_argument("--top-changes", default="10,200",
+                        help="sales between two top writes, one run each (comma-separated)")
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR, help="where plots go")
     args = parser.parse_args(argv if argv is not None else [])
     if min(args.events, args.batch, args.repeats, args.live_flush, args.feeds) <= 0:
         parser.error("--events, --batch, --repeats, --live-flush and --feeds must be positive")
     if args.feeds > TOPIC_PARTITIONS:
         parser.error(f"--feeds: at most the tile topic's {TOPIC_PARTITIONS} partitions")
+    try:
+        top_changes = [int(x) for x in args.top_changes.split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"--top-changes: comma-separated whole numbers, not {args.top_changes!r}")
+    if args.top_keys < 0 or any(n <= 0 for n in top_changes):
+        parser.error("--top-keys must be 0 or more and --top-changes positive")
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from benchmarks.streaming_throughput import _backlog
@@ -399,6 +484,32 @@ def main(argv: list[str] | None = None) -> BenchResult:
             f"live-sized flushes: the same rows from memory (Kafka out of both), "
             f"{args.live_flush} a flush, one touch per row; the feed's thread CPU per row is "
             "what the live load costs it (rows/s x CPU per row = the share of a core it needs)")
+        for changes in top_changes if args.top_keys else []:
+            top_s, left = {}, {}
+            for which in ("lists", "full", "raw"):
+                top_s[which], left[which] = _top_write_run(settings, args.top_keys, changes,
+                                                           which)
+                _say(f"top writes, {args.top_keys:,} sales keys, {changes} sales between two, "
+                     f"{which}: {top_s[which] * 1e3:.1f} ms")
+            for which, system in (
+                    ("lists", "shopstream top write (lists whose units changed ranked again)"),
+                    ("full", "shopstream top write, every list ranked (before TopLists)"),
+                    ("raw", "raw Redis: DEL + ZADD + EXPIRE of every list (no ranking)")):
+                result.rows.append({"system": f"{system}, {changes} sales between writes",
+                                    "rows": args.top_keys, "runs": TOP_WRITES,
+                                    "median_s": top_s[which], "top_lists": len(left[which]),
+                                    # the lists it left are the feed's: ranked alike
+                                    "same_lists": left[which] == left["lists"]})
+            result.ratios[f"top write, {changes} sales between writes: shopstream / raw Redis"] = (
+                top_s["lists"] / top_s["raw"])
+            result.ratios[f"top write, {changes} sales between writes: every list / changed "
+                          "lists"] = top_s["full"] / top_s["lists"]
+        if args.top_keys:
+            result.notes.append(
+                f"top writes: {args.top_keys:,} generated sales keys (items, 70 categories, 5 "
+                f"regions; rows = keys), top {settings.feature_top_n}, the median of "
+                f"{TOP_WRITES} writes after 2, each after that many random sales; the peer "
+                "writes the same lists whole, unranked; ratios are times (below 1: faster)")
         bars: dict[str, list[float | None]] = {
             "shopstream feed": [rows / median["feed"], rows / live_median["feed"]],
             "raw peer": [rows / median["raw"], rows / live_median["raw"]],

@@ -134,6 +134,15 @@ def test_tile_feed_smoke(tmp_path: Path) -> None:
     assert live["rows"] == live_raw["rows"] == feed["rows"], _explain(payload)
     assert _positive(live["rows_per_s"]) and _positive(live["cpu_us_per_row"]), _explain(payload)
     assert _positive(live_raw["rows_per_s"]), _explain(payload)
+    # the top writes: the feed's (changed lists ranked again), every list ranked, the raw
+    # peer's; each left the same lists in Redis as the feed's, and there were lists
+    for system in ("shopstream top write (lists whose units changed",
+                   "shopstream top write, every list ranked",
+                   "raw Redis: DEL + ZADD"):
+        top = _row(payload, system)
+        assert _positive(top["median_s"]) and top["top_lists"] > 10, _explain(payload)
+        assert top["same_lists"] is True, _explain(payload)
+    assert _positive(payload["ratios"]["top write, 5 sales between writes: shopstream / raw Redis"])
     assert (results / "tile_feed.png").is_file()
 
 
