@@ -142,7 +142,7 @@ def test_tile_feed_smoke(tmp_path: Path) -> None:
         top = _row(payload, system)
         assert _positive(top["median_s"]) and top["top_lists"] > 10, _explain(payload)
         assert top["same_lists"] is True, _explain(payload)
-    assert _positive(payload["ratios"]["top write, 5 sales between writes: shopstream / raw Redis"])
+    assert _positive(payload["ratios"]["top writes/s, 5 sales between writes: shopstream / raw Redis"])
     assert (results / "tile_feed.png").is_file()
 
 
