@@ -69,7 +69,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -107,6 +108,7 @@ __all__ = [
     "POLL_MS",
     "RealtimeWriter",
     "apply_rows",
+    "one_shuffle_partition",
     "TileFeed",
     "Feeds",
     "feed_partitions",
@@ -1275,6 +1277,23 @@ def realtime_tiles(spark: SparkSession, settings: Settings,
     return tile_messages(tiles)
 
 
+@contextmanager
+def one_shuffle_partition(spark: SparkSession) -> Iterator[None]:
+    """Queries started inside run their shuffles (the dedup's) in one partition.
+
+    The Real-time query needs it (it holds Kafka partitions + 1 slot per stateful stage),
+    and the roles shape's fold relies on it: through one shuffle partition the role rows
+    of a source partition reach their tile partition in source-offset order. With two,
+    two tasks interleave them, and the fold skips every row below an offset already
+    applied as applied before (:mod:`pipelines.streaming.folding`): increments lost."""
+    previous = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "1")
+    try:
+        yield
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", previous)
+
+
 def realtime_roles(spark: SparkSession, settings: Settings,
                    source_options: Mapping[str, str] | None = None) -> DataFrame:
     """The same query without its aggregation: each valid, deduplicated event once per role
@@ -1365,10 +1384,8 @@ def start_realtime(spark: SparkSession, settings: Settings, *,
                  partitions=partitions)
     feed.start()
     # one shuffle partition per stateful stage: the query holds Kafka partitions + 2 slots
-    previous = spark.conf.get("spark.sql.shuffle.partitions")
-    spark.conf.set("spark.sql.shuffle.partitions", "1")
     try:
-        with scheduler_pool(spark, STREAM_POOL):
+        with scheduler_pool(spark, STREAM_POOL), one_shuffle_partition(spark):
             query = (
                 out.writeStream.queryName(QUERY_NAME)
                 .outputMode("update")
@@ -1381,8 +1398,6 @@ def start_realtime(spark: SparkSession, settings: Settings, *,
     except BaseException:
         feed.stop()
         raise
-    finally:
-        spark.conf.set("spark.sql.shuffle.partitions", previous)
     log.info("real-time online query %s started (checkpoint every %ss), %s via %s to %d "
              "feed%s", QUERY_NAME, settings.stream_realtime_checkpoint_seconds,
              "role rows to fold" if roles else "tiles", feed_topic(settings), feed.count,

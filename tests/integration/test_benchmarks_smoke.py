@@ -133,6 +133,8 @@ def test_tile_feed_smoke(tmp_path: Path) -> None:
     live_raw = _row(payload, "pipelined HSET per row, flushes of")
     assert live["rows"] == live_raw["rows"] == feed["rows"], _explain(payload)
     assert _positive(live["rows_per_s"]) and _positive(live["cpu_us_per_row"]), _explain(payload)
+    # every role row folded: the setup's query sent them in offset order, as the job's does
+    assert live["skipped"] == 0, _explain(payload)
     assert _positive(live_raw["rows_per_s"]), _explain(payload)
     # the top writes: the feed's (changed lists ranked again), every list ranked, the raw
     # peer's; each left the same lists in Redis as the feed's, and there were lists
