@@ -983,11 +983,12 @@ def main(argv: list[str] | None = None) -> BenchResult:
                            if settings.stream_realtime_shape == "roles" else "whole tiles"))
                 if fresh.get("top"):
                     top = fresh["top"]
+                    apart = (f", at most {top['gap_max_s']} s apart (how stale the top "
+                             "sellers got)" if "gap_max_s" in top else "")
                     result.notes.append(
-                        f"{label}: the feed's last report: {top.get('writes', '?')} top-list "
-                        f"writes, p50 {top.get('write_p50_s', '?')} s, max "
-                        f"{top.get('write_max_s', '?')} s, at most "
-                        f"{top.get('gap_max_s', '?')} s apart (how stale the top sellers got)")
+                        f"{label}: the feed's last report: top-list writes "
+                        f"{top.get('writes', '?')}, p50 {top.get('write_p50_s', '?')} s, max "
+                        f"{top.get('write_max_s', '?')} s{apart}")
                 result.notes.append(
                     f"{label}: {fresh['epoch_boundaries']} Real-time epoch boundaries during the "
                     f"probes (an epoch lasts {settings.stream_realtime_checkpoint_seconds} s; "
