@@ -90,16 +90,23 @@ def test_random_changes_and_clock_moves_match_a_full_recount(seed: int) -> None:
         assert feed.totals.units == _recount(feed.store, feed.totals.current)
 
 
-def test_totals_built_from_the_tiles_match_and_rank_like_top_items() -> None:
-    rnd = random.Random(7)
+def _built_from_tiles(seed: int, keys: list[tuple[str, str, str]], n: int
+                      ) -> tuple[list[dict[str, Any]], pyf.SalesTotals, Any]:
+    """``n`` random sales tiles of ``keys`` over 200 slides, the totals built from those in
+    the windows (as the feed's first flush builds them), and an as-of in the current tile."""
+    rnd = random.Random(seed)
     current = 1_700_000_400 - 1_700_000_400 % SLIDE
     tiles = [{"tile_start": current - rnd.randint(0, 200) * SLIDE, "item_id": k[0],
               "category_id": k[1], "region": k[2], "units": rnd.randint(1, 9)}
-             for k in (rnd.choice(KEYS) for _ in range(300))]
+             for k in (rnd.choice(keys) for _ in range(n))]
     totals = pyf.SalesTotals.from_tiles(
         [t for t in tiles if t["tile_start"] in pyf.SalesTotals.window_tiles(current, SLIDE)],
         current, SLIDE)
-    as_of = pyf.from_us((current + 30) * 1_000_000)
+    return tiles, totals, pyf.from_us((current + 30) * 1_000_000)
+
+
+def test_totals_built_from_the_tiles_match_and_rank_like_top_items() -> None:
+    tiles, totals, as_of = _built_from_tiles(7, KEYS, 300)
     assert pyf.rank_top_items(totals.units, as_of, top_n=3) == pyf.top_items(
         tiles, as_of, slide_seconds=SLIDE, top_n=3)
 
@@ -210,16 +217,8 @@ def test_top_lists_ranked_from_changes_equal_a_full_ranking_at_every_step(seed: 
 
 
 def test_top_lists_of_totals_built_from_tiles_rank_like_top_items() -> None:
-    rnd = random.Random(11)
-    current = 1_700_000_400 - 1_700_000_400 % SLIDE
     keys = [(f"i{n}", f"c{n % 4}", ("north", "south", "east")[n % 3]) for n in range(20)]
-    tiles = [{"tile_start": current - rnd.randint(0, 200) * SLIDE, "item_id": k[0],
-              "category_id": k[1], "region": k[2], "units": rnd.randint(1, 9)}
-             for k in (rnd.choice(keys) for _ in range(400))]
-    totals = pyf.SalesTotals.from_tiles(
-        [t for t in tiles if t["tile_start"] in pyf.SalesTotals.window_tiles(current, SLIDE)],
-        current, SLIDE)
-    as_of = pyf.from_us((current + 30) * 1_000_000)
+    tiles, totals, as_of = _built_from_tiles(11, keys, 400)
     want = pyf.top_items(tiles, as_of, slide_seconds=SLIDE, top_n=4)
     assert {r["kind"] for r in want} == {"top", "trend"}
     assert _listed(totals.top_lists(top_n=4)) == _as_lists(want)
