@@ -983,8 +983,8 @@ def main(argv: list[str] | None = None) -> BenchResult:
                            if settings.stream_realtime_shape == "roles" else "whole tiles"))
                 if fresh.get("top"):
                     top = fresh["top"]
-                    apart = (f", at most {top['gap_max_s']} s apart (how stale the top "
-                             "sellers got)" if "gap_max_s" in top else "")
+                    apart = (f", at most {top['lag_max_s']} s behind the sales tiles"
+                             if "lag_max_s" in top else "")
                     result.notes.append(
                         f"{label}: the feed's last report: top-list writes "
                         f"{top.get('writes', '?')}, p50 {top.get('write_p50_s', '?')} s, max "

@@ -220,7 +220,7 @@ def realtime_prometheus_text(parts: Mapping[str, tuple[float, float, float]], ti
                              top: Mapping[str, float] | None = None) -> str:
     """The Real-time feed's figures since its last report: freshness per ``part``
     (``total``, ``query``, ``feed``) as p50 / p99 / max, the tiles written, and the top
-    writes (``top``: ``writes``, ``write_p50_s``, ``write_max_s``, ``gap_max_s``, from the
+    writes (``top``: ``writes``, ``write_p50_s``, ``write_max_s``, ``lag_max_s``, from the
     feed that keeps the top lists); every sample labelled with the feed's index
     (``feed="0"``...), as feeds side by side each write a file."""
     name = f"{PREFIX}_rt_freshness_seconds"
@@ -246,8 +246,8 @@ def realtime_prometheus_text(parts: Mapping[str, tuple[float, float, float]], ti
                   for q, key in (("0.5", "write_p50_s"), ("1", "write_max_s"))]
     for metric, key, help_ in (
         ("rt_top_writes", "writes", "Top-lists writes since the last report."),
-        ("rt_top_gap_max_seconds", "gap_max_s",
-         "Longest time between two top-lists writes since the last report."),
+        ("rt_top_lag_max_seconds", "lag_max_s",
+         "Longest a sales change waited for the top lists since the last report."),
     ):
         if key in top:
             lines += [f"# HELP {PREFIX}_{metric} {help_}", f"# TYPE {PREFIX}_{metric} gauge",
@@ -538,10 +538,10 @@ def stream_health(progress: Mapping[str, str], now: datetime,
                      f"{float(progress.get(f'{prefix}query_p99_s') or 0):.2f}, feed "
                      f"{float(progress.get(f'{prefix}feed_p99_s') or 0):.2f}; "
                      f"{_ago(rt_stamp, now)})")
-        gap = progress.get("rt_top_gap_max_s")  # the first feed keeps the top lists
-        if gap and any(prefix == "rt_" for _, prefix, _ in feeds):
-            parts.append(f"top lists rewritten at most {float(gap):.2f} s apart (a write "
-                         f"{float(progress.get('rt_top_write_max_s') or 0):.2f} s at most)")
+        lag = progress.get("rt_top_lag_max_s")  # the first feed keeps the top lists
+        if lag and any(prefix == "rt_" for _, prefix, _ in feeds):
+            parts.append(f"top lists at most {float(lag):.2f} s behind the sales tiles (a "
+                         f"write {float(progress.get('rt_top_write_max_s') or 0):.2f} s at most)")
     escalated = _parse_time(progress.get("sinks_escalated"))
     if escalated and (since is None or escalated >= since):
         parts.append(f"Parquet sinks given the driver's priority {_ago(escalated, now)} "

@@ -294,7 +294,8 @@ class RealtimeWriter:
         self.textfile = realtime_textfile_path(settings, feed)
         self.gc_pauses: GcPauses | None = None  # set by the feed while it runs
         self._client: Any = None
-        self._last_top: float | None = None  # when the last top write ended (reconnects too)
+        # when a sales tile first changed after the last top write (the lists lag from then)
+        self._dirty_since: float | None = None
 
     @property
     def client(self) -> Any:
@@ -315,7 +316,7 @@ class RealtimeWriter:
 
         self._top_written = TopListsWritten()
         self._top_s: list[float] = []  # each top write's time, for the report
-        self._top_gaps: list[float] = []  # from one top write's end to the next's
+        self._top_lag: list[float] = []  # from the first sale not ranked to the write's end
         self._latencies: list[float] = []
         # where the freshness goes: Spark's part (tile sent minus its newest event), the
         # feed's (tile sent -> written); Kafka's message timestamp is the send time
@@ -417,6 +418,8 @@ class RealtimeWriter:
                 name = rt_tiles_key("sales", str(tile))
                 if self.sales:
                     out.sales.append((tile, tile_value, add("HGET", name, key)))
+                    if not self.top_dirty:
+                        self._dirty_since = time.time()
                     self.top_dirty = True
                 else:
                     self._foreign_sale(key)
@@ -574,9 +577,9 @@ class RealtimeWriter:
         self._next_top = end + max(TOP_EVERY_SECONDS, (end - started) / TOP_SHARE)
         self.top_dirty = False
         self._top_s.append(end - started)
-        if self._last_top is not None:
-            self._top_gaps.append(end - self._last_top)
-        self._last_top = end
+        if self._dirty_since is not None:
+            self._top_lag.append(end - self._dirty_since)
+            self._dirty_since = None
 
     def report(self) -> None:
         """Freshness of the tiles written since the last report into the progress hash
@@ -621,19 +624,19 @@ class RealtimeWriter:
                 log.warning("real-time: could not write %s: %s", self.textfile, exc)
         self._client.hset(stream_progress_key(), mapping=realtime_fields(fields, self.feed))
 
-
     def _top_figures(self) -> dict[str, float]:
         """The top writes since the last report: how many, their time (p50, max) and the
-        longest time from one to the next (``gap_max_s``: how stale the top sellers got,
-        besides the tiles' own freshness); none when there were none (feeds other than
-        the first, which keeps the top lists)."""
+        longest a sales tile's change waited for the top lists (``lag_max_s``: from the
+        flush that first changed a sales tile after a top write to the end of the next;
+        the top sellers are that much behind the tiles, on top of the tiles' freshness);
+        none when there were none (feeds other than the first, which keeps the lists)."""
         if not self._top_s:
             return {}
         p50, _, most = _percentiles(self._top_s)
         figures = {"writes": float(len(self._top_s)), "write_p50_s": p50, "write_max_s": most}
-        if self._top_gaps:
-            figures["gap_max_s"] = max(self._top_gaps)
-        self._top_s, self._top_gaps = [], []
+        if self._top_lag:
+            figures["lag_max_s"] = max(self._top_lag)
+        self._top_s, self._top_lag = [], []
         return figures
 
 

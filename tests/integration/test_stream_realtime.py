@@ -570,6 +570,8 @@ def test_tile_feed_applies_what_spark_sends_through_kafka(
     top_writes = int(redis_client.hget(stream_progress_key(), "rt_top_writes") or 0)
     assert top_writes >= 1
     assert 0 <= progress["rt_top_write_p50_s"] <= progress["rt_top_write_max_s"] <= took
+    # a top write follows a sales change: how long the lists lagged it, at least one write
+    assert progress["rt_top_write_p50_s"] - 0.001 <= progress["rt_top_lag_max_s"] <= took
     # and for Prometheus, in the textfile beside the job's
     from prometheus_client.parser import text_string_to_metric_families
 

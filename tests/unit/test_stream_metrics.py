@@ -268,14 +268,14 @@ def test_realtime_textfile_sits_beside_the_jobs_and_parses(tmp_path: Path) -> No
     assert not any(name.startswith("shopstream_stream_rt_top") for name, _ in samples)
     # the feed that keeps the top lists: its top writes too
     with_top = realtime_prometheus_text({"total": (0.2, 1.5, 2.0)}, 10, at, top={
-        "writes": 7.0, "write_p50_s": 0.031, "write_max_s": 0.09, "gap_max_s": 0.42})
+        "writes": 7.0, "write_p50_s": 0.031, "write_max_s": 0.09, "lag_max_s": 0.42})
     top = {(s.name, s.labels.get("quantile")): s.value
            for family in text_string_to_metric_families(with_top) for s in family.samples
            if s.name.startswith("shopstream_stream_rt_top")}
     assert top == {("shopstream_stream_rt_top_write_seconds", "0.5"): 0.031,
                    ("shopstream_stream_rt_top_write_seconds", "1"): 0.09,
                    ("shopstream_stream_rt_top_writes", None): 7.0,
-                   ("shopstream_stream_rt_top_gap_max_seconds", None): 0.42}
+                   ("shopstream_stream_rt_top_lag_max_seconds", None): 0.42}
     # a second feed's file: the same series, told apart by the label
     second = realtime_prometheus_text({"total": (0.3, 0.9, 1.0)}, 12, at, feed=1)
     labels = {tuple(sorted(s.labels.items())) for family in text_string_to_metric_families(second)
@@ -377,8 +377,8 @@ def test_realtime_figures_of_an_earlier_run_are_not_shown() -> None:
     shown = stream_health(_running(now, **rt), now).message
     assert "real-time tiles p99 0.41 s (query 0.13, feed 0.30; 4 s ago)" in shown
     assert "top lists" not in shown  # no top write in the report (a first report, no sales)
-    top = {"rt_top_writes": "9", "rt_top_write_max_s": "0.052", "rt_top_gap_max_s": "0.318"}
-    assert ("top lists rewritten at most 0.32 s apart (a write 0.05 s at most)"
+    top = {"rt_top_writes": "9", "rt_top_write_max_s": "0.052", "rt_top_lag_max_s": "0.318"}
+    assert ("top lists at most 0.32 s behind the sales tiles (a write 0.05 s at most)"
             in stream_health(_running(now, **rt, **top), now).message)
     old = {**rt, "rt_updated": (now - timedelta(hours=1)).isoformat()}
     assert "real-time" not in stream_health(_running(now, **old), now).message
