@@ -779,7 +779,6 @@ class SalesTotals:
         return self.lists.lists(top_n=top_n)
 
 
-
 class TopLists:
     """The lists :func:`rank_top_items` gives, kept ranked and re-ranked only where units
     changed.
@@ -789,10 +788,10 @@ class TopLists:
     building every list's entries more than half), although between two rankings only
     the scopes of the items sold since change. Here each change adds its units to the
     four scopes of its key (global, category, region, both) in its window and marks them;
-    :meth:`rows` re-ranks the marked scopes' lists (a ``trend`` list when its scope's
-    short or long units changed) and reuses the others'. Units are integers and each list
-    is ranked by the same entries and the same heap selection, so the rows are exactly
-    :func:`rank_top_items`'s.
+    :meth:`lists` re-ranks the marked scopes' lists (a ``trend`` list, once, when its
+    scope's short or long units changed) and reuses the others'. Units are integers and
+    each list is ranked by the same entries and the same heap selection, so the lists are
+    exactly :func:`rank_top_items`'s.
     """
 
     def __init__(self) -> None:
@@ -829,11 +828,13 @@ class TopLists:
             self._top_n = top_n
             self._ranked.clear()
             self._dirty.update(self._units)
+        trends: set[tuple[str | None, str | None]] = set()  # a sale changes both windows
         for window, cat, reg in self._dirty:
             self._rank(("top", window, cat, reg), self._entries(window, cat, reg), top_n)
             if window in (SHORT_WINDOW, LONG_WINDOW):
-                self._rank(("trend", SHORT_WINDOW, cat, reg), self._trend_entries(cat, reg),
-                           top_n)
+                trends.add((cat, reg))
+        for cat, reg in trends:
+            self._rank(("trend", SHORT_WINDOW, cat, reg), self._trend_entries(cat, reg), top_n)
         self._dirty.clear()
         return dict(self._ranked)
 
