@@ -301,7 +301,7 @@ def _top_write_run(settings: Any, keys: int, changes: int, which: str
     """Median seconds of a top write for ``keys`` sales keys with ``changes`` sales between
     two writes, on an emptied Redis. ``which``: ``lists``, the feed's top write (the totals'
     :class:`~pipelines.streaming.pyfeatures.TopLists`, changed lists ranked again, then
-    :func:`~pipelines.online_writer.write_top_lists`); ``full``, every list ranked from the
+    written: :func:`~pipelines.streaming.realtime.write_top`); ``full``, every list ranked from the
     totals into rows for :func:`~pipelines.online_writer.write_top_items` (the feed's top
     write before TopLists); ``raw``, the peer: the same lists written with a pipelined
     ``DEL``, ``ZADD`` and ``EXPIRE`` each, no ranking. The same seeded sales for all three,
@@ -311,7 +311,7 @@ def _top_write_run(settings: Any, keys: int, changes: int, which: str
     from pipelines import online_writer
     from pipelines.connections import redis_client
     from pipelines.streaming import pyfeatures as pyf
-    from pipelines.streaming.realtime import _scope
+    from pipelines.streaming.realtime import _scope, write_top
 
     rnd = random.Random(keys + 1)
     slide = settings.feature_slide_seconds
@@ -329,14 +329,11 @@ def _top_write_run(settings: Any, keys: int, changes: int, which: str
             for _ in range(changes):
                 totals.change(current, rnd.choice(sales), rnd.randint(1, 3))
             as_of = pyf.from_us((current + 30) * 1_000_000 + n * 1000)
-            lists = {} if which == "lists" else {  # untimed for the peer: it only writes them
+            lists = {} if which != "raw" else {  # untimed for the peer: it only writes them
                 (k, w, _scope(c, r)): m for (k, w, c, r), m in totals.top_lists(top_n=top_n).items()}
             started = time.perf_counter()
             if which == "lists":
-                lists = {(k, w, _scope(c, r)): m
-                         for (k, w, c, r), m in totals.top_lists(top_n=top_n).items()}
-                online_writer.write_top_lists(client, lists, online_writer.epoch_ms(as_of),
-                                              top_n=top_n, prune=True, written=written)
+                write_top(client, totals, as_of, top_n=top_n, written=written)
             elif which == "full":
                 online_writer.write_top_items(
                     client, pyf.rank_top_items(totals.units, as_of, top_n=top_n), top_n=top_n,

@@ -108,6 +108,7 @@ __all__ = [
     "POLL_MS",
     "RealtimeWriter",
     "apply_rows",
+    "write_top",
     "one_shuffle_partition",
     "TileFeed",
     "Feeds",
@@ -200,6 +201,21 @@ def _scope(category_id: str | None, region: str | None) -> str:
     from features import online_keys
 
     return online_keys.scope_for(category_id, region)
+
+
+def write_top(client: Any, totals: SalesTotals, as_of: datetime, *, top_n: int,
+              written: Any) -> int:
+    """The first feed's top write: the lists of ``totals`` (only those whose units changed
+    ranked again, :meth:`SalesTotals.top_lists`) to Redis as of ``as_of``, pruning lists of
+    scopes with no sales left; ``written`` (a
+    :class:`pipelines.online_writer.TopListsWritten`) spares unchanged lists. One function
+    for the feed and the tile feed bench. Returns the lists written."""
+    from pipelines import online_writer
+
+    lists = {(kind, window, _scope(cat, reg)): members for (kind, window, cat, reg), members
+             in totals.top_lists(top_n=top_n).items()}
+    return online_writer.write_top_lists(client, lists, online_writer.epoch_ms(as_of),
+                                         top_n=top_n, prune=True, written=written)
 
 
 def _encode_tile(row: Mapping[str, Any]) -> bytes:
@@ -563,16 +579,10 @@ class RealtimeWriter:
         """Rank the lists from the running totals (:class:`SalesTotals`, kept by
         :meth:`flush`), not from every sales tile of the window; only the lists whose
         units changed since the last top write are ranked again."""
-        from pipelines import online_writer
-
         assert self._totals is not None  # a flush made them before any top write
         started = time.time()
-        lists = {(kind, window, _scope(cat, reg)): members for (kind, window, cat, reg), members
-                 in self._totals.top_lists(top_n=self.top_n).items()}
-        if lists:
-            online_writer.write_top_lists(self._client, lists, online_writer.epoch_ms(as_of),
-                                          top_n=self.top_n, prune=True,
-                                          written=self._top_written)
+        write_top(self._client, self._totals, as_of, top_n=self.top_n,
+                  written=self._top_written)
         end = time.time()
         self._next_top = end + max(TOP_EVERY_SECONDS, (end - started) / TOP_SHARE)
         self.top_dirty = False
