@@ -728,7 +728,7 @@ def _realtime_freshness(run_settings: Any, topic: str, rate: float, probes: int,
 
 def _top_writes(settings: Any) -> dict[str, str]:
     """The top-list writes of the feed's last report (``rt_top_*`` of the progress hash:
-    how many, how long, the longest time between two), read after the probes."""
+    how many, how long, the longest a sales change waited for them), read after the probes."""
     from features.online_keys import stream_progress_key
     from pipelines.connections import redis_client
 
