@@ -115,7 +115,14 @@ class Settings(BaseSettings):
     # --- Spark ---------------------------------------------------------
     spark_master: str = "local[2]"
     spark_shuffle_partitions: int = Field(default=2, ge=1)
-    spark_driver_memory: str = "2g"
+    spark_driver_memory: str = "4g"
+    """The driver JVM's heap (``spark.driver.memory``; with ``local[N]`` also the executors').
+    The stream holds each micro-batch in it once for its sinks: a batch at the default cap
+    (``stream_max_offsets_per_trigger``) did not fit the storage share of a 2 GB heap, went
+    to disk in part and was read back by every sink, and 3M drains ran about a fifth
+    slower than with 4 GB (docs/streaming-performance.md, "The batch's copy on disk"). A
+    batch that spills says so in its line and in a WARNING. A live stream's small batches
+    use little of it; the JVM grows its heap only as far as it needs."""
     spark_driver_java_options: str = ""
     """More JVM options for the driver (``spark.driver.extraJavaOptions``, after the
     project's own), e.g. GC or JIT flags."""
@@ -174,9 +181,10 @@ class Settings(BaseSettings):
     faster than 200k here (more with a small store), and 1M 7-12 % faster than 500k
     (alternating drains in one driver: 50.9-52.3k against 46.5-47.4k events/s on 3M of
     the bench's store, 31.7-32.1k against 29.5k on 2M of a 1M-user store), at 15-20 s a
-    batch, its JVM within the default 2 GB heap (docs/streaming-performance.md, "The
-    batch's size" and "A million records a batch"). A live stream's batches are as
-    small as its trigger interval makes them; this only caps them."""
+    batch, held in memory with the default ``spark_driver_memory`` (4 GB;
+    docs/streaming-performance.md, "The batch's size", "A million records a batch" and
+    "The batch's copy on disk"). A live stream's batches are as small as its trigger
+    interval makes them; this only caps them."""
     stream_starting_offsets: str = "earliest"
     stream_kafka_attempts: int = Field(default=3, ge=1)
     """How many times the stream asks Kafka for its offsets before the query stops with

@@ -60,7 +60,7 @@ from pipelines.settings import Settings
 from pipelines.signals import GracefulStop
 from pipelines.spark import STREAM_POOL, inheriting, scheduler_pool
 from pipelines.stream_metrics import BatchStats, MetricsRecorder, ProgressListener, caught_up_of
-from pipelines.stream_state import BatchLog, BatchRecord, release
+from pipelines.stream_state import BatchLog, BatchRecord, release, spilled_bytes
 from pipelines.streaming.dedup import (
     NEW_GROUP_KEY,
     GroupKey,
@@ -506,6 +506,7 @@ class BatchProcessor:
             observation, *cols.figures).localCheckpoint(eager=True)
         stats = observation.get
         read_s = time.time() - started
+        spilled = _spilled(checked)
         rows = int(stats.get("rows") or 0)
         invalid = int(stats.get("invalid") or 0)
         n_late = int(stats.get("late") or 0)
@@ -561,9 +562,19 @@ class BatchProcessor:
             batch_id=batch_id, rows=rows, valid=rows - invalid, quarantined=invalid + n_late,
             late=n_late, on_time=n_on_time, clock_us=clock, freshness_s=freshness,
             foreach_seconds=time.time() - started, read_seconds=read_s, online_seconds=online_s,
-            offline_seconds=offline_s,
+            offline_seconds=offline_s, spilled_bytes=spilled,
         ))
         self.hold_if_stopping(batch_id)
+
+
+def _spilled(checked: DataFrame) -> int:
+    """:func:`~pipelines.stream_state.spilled_bytes` of the batch's copy; 0 when Spark
+    cannot say (a figure for the batch's line, never a reason to fail the batch)."""
+    try:
+        return spilled_bytes(checked)
+    except Exception as exc:  # noqa: BLE001 - py4j errors of a stopping context, say
+        log.debug("could not read the batch's storage: %s", exc)
+        return 0
 
 
 # ------------------------------------------------------------------- run

@@ -108,6 +108,9 @@ class BatchStats:
     """The online path (tiles, features, Redis); ``None`` when it did not run."""
     offline_seconds: float | None = None
     """The Parquet sinks, from their start until both ended (they run beside the online path)."""
+    spilled_bytes: int = 0
+    """Bytes of the batch's in-memory copy that did not fit the JVM's storage memory and went
+    to disk (:func:`pipelines.stream_state.spilled_bytes`)."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,10 @@ class BatchMetrics:
     The ``bucketed`` operator's grows with the ids that expire."""
     state_rows_removed: int = 0
     """Ids expired from the dedup state by this batch."""
+    spilled_bytes: int = 0
+    """Bytes of the batch's in-memory copy written to disk instead (:class:`BatchStats`):
+    each sink then reads them back and deserializes them, so a batch too large for the
+    driver's memory runs slower than two batches half its size."""
 
     def as_fields(self) -> dict[str, str]:
         return {k: "" if v is None else str(v) for k, v in asdict(self).items()}
@@ -266,7 +273,12 @@ def format_batch_line(m: BatchMetrics) -> str:
     return (f"batch {m.batch_id}: {m.input_rows} rows in {m.batch_duration_ms / 1000:.2f}s "
             f"({m.processed_rows_per_second:,.0f} rows/s), {m.on_time} on time, "
             f"{m.quarantined} quarantined ({m.late} late), {m.duplicates_dropped} duplicates, "
-            f"{fresh}, clock {m.clock or '-'}{_phases(m)}{_state(m)}")
+            f"{fresh}, clock {m.clock or '-'}{_phases(m)}{_state(m)}{_spill(m)}")
+
+
+def _spill(m: BatchMetrics) -> str:
+    """``; spilled 312 MB to disk`` when part of the batch's copy did not fit in memory."""
+    return f"; spilled {m.spilled_bytes / 2**20:,.0f} MB to disk" if m.spilled_bytes else ""
 
 
 def format_epoch_line(progress: Mapping[str, Any]) -> str:
@@ -365,6 +377,9 @@ def prometheus_text(m: BatchMetrics, totals: Totals, heartbeat: datetime | None 
                "shuffle read and in-memory copy), evict (a pass over every state row).", state)
     metric("state_rows_removed", "gauge", "Ids the latest batch expired from the dedup state.",
            [("", m.state_rows_removed)])
+    metric("batch_spilled_bytes", "gauge",
+           "Bytes of the latest batch's in-memory copy that went to disk (driver memory too "
+           "small for the batch).", [("", m.spilled_bytes)])
     for name, value, help_ in (
         ("batches_total", totals.batches, "Micro-batches completed by this run."),
         ("input_rows_total", totals.input_rows, "Rows read by this run."),
@@ -568,6 +583,7 @@ class MetricsRecorder:
     _files_lock: threading.Lock = field(default_factory=threading.Lock)
     """The listener's thread (batches) and the job's (heartbeats) write the same files."""
     _last_eviction_warning: float = float("-inf")
+    _last_spill_warning: float = float("-inf")
 
     def _warn_if_eviction_dominates(self, m: BatchMetrics, operators: list[dict[str, Any]]) -> None:
         """One WARNING (per :data:`EVICTION_WARN_EVERY_SECONDS`) when the dedup's pass over
@@ -592,6 +608,20 @@ class MetricsRecorder:
             "batches (SHOPSTREAM_STREAM_MAX_OFFSETS_PER_TRIGGER), make it a smaller part",
             m.batch_id, f"{m.state_rows:,}", evict, 100 * share,
             self.settings.stream_dedup_retention_seconds)
+
+    def _warn_if_spilled(self, m: BatchMetrics) -> None:
+        """One WARNING (per :data:`EVICTION_WARN_EVERY_SECONDS`) when a batch's copy went to
+        disk in part, naming the two settings that fix it; each batch's line says how much."""
+        now = time.monotonic()
+        if not m.spilled_bytes or now - self._last_spill_warning < EVICTION_WARN_EVERY_SECONDS:
+            return
+        self._last_spill_warning = now
+        log.warning(
+            "batch %d: %s MB of its rows did not fit in the driver's memory and went to disk, "
+            "to be read back by every sink: raise SHOPSTREAM_SPARK_DRIVER_MEMORY (now %s; the "
+            "executors' memory on a cluster) or lower SHOPSTREAM_STREAM_MAX_OFFSETS_PER_TRIGGER "
+            "(now %s)", m.batch_id, f"{m.spilled_bytes / 2**20:,.0f}",
+            self.settings.spark_driver_memory, f"{self.settings.stream_max_offsets_per_trigger:,}")
 
     def record_batch(self, stats: BatchStats) -> None:
         """Called by ``foreachBatch`` at the end of a batch."""
@@ -643,6 +673,7 @@ class MetricsRecorder:
             state_update_s=_task_seconds(operators, "allUpdatesTimeMs"),
             state_evict_s=_evict_seconds(operators),
             state_rows_removed=sum(int(op.get("numRowsRemoved") or 0) for op in operators),
+            spilled_bytes=stats.spilled_bytes,
         )
         with self._lock:
             self.history.append(metrics)
@@ -656,6 +687,7 @@ class MetricsRecorder:
             t.on_time += metrics.on_time
         log.info(format_batch_line(metrics))
         self._warn_if_eviction_dominates(metrics, operators)
+        self._warn_if_spilled(metrics)
         self.publish(metrics)
         return metrics
 

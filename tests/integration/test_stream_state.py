@@ -681,3 +681,31 @@ def test_a_snapshot_has_every_touched_entity_once_in_one_file_per_table(
         assert len(files) == 1, (spec.name, files)
     top = Path(snapshot_path(settings, "top_items"))
     assert len(pd.read_parquet(top)) > 0 and len(list(top.rglob("*.parquet"))) == 1
+
+
+def test_the_bytes_of_a_batch_copy_on_disk_are_told_and_none_when_it_fits(spark: Any) -> None:
+    """``spilled_bytes``, which the job reads after holding each batch: a checkpoint whose
+    blocks Spark put on disk counts them (as Spark's storage status does), one held in
+    memory counts none, and so does a frame that is not a checkpoint; once released,
+    nothing is left to count."""
+    from pyspark import StorageLevel
+
+    from pipelines.stream_state import release, spilled_bytes
+
+    frame = spark.range(200_000).selectExpr("id", "repeat(cast(id as string), 8) AS text")
+    on_disk = frame.localCheckpoint(eager=True, storageLevel=StorageLevel.DISK_ONLY)
+    in_memory = frame.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_ONLY)
+    try:
+        on_disk_bytes = spilled_bytes(on_disk)
+        rdd_id = on_disk._jdf.queryExecution().analyzed().rdd().id()
+        status = [info for info in spark.sparkContext._jsc.sc().getRDDStorageInfo()
+                  if info.id() == rdd_id]
+        assert len(status) == 1 and status[0].numCachedPartitions() >= 1
+        assert on_disk_bytes == status[0].diskSize() > 200_000 * 8  # at least the ids
+        assert spilled_bytes(in_memory) == 0
+        assert spilled_bytes(frame) == 0
+        assert on_disk.count() == 200_000
+    finally:
+        release(on_disk)
+        release(in_memory)
+    assert spilled_bytes(on_disk) == 0

@@ -139,6 +139,38 @@ def test_an_eviction_pass_that_dominates_batches_is_warned_about_once(
     assert not [r for r in caplog.records if "eviction" in r.getMessage()]
 
 
+def test_a_batch_whose_copy_went_to_disk_says_how_much_and_warns_once_with_the_fix(
+        settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    """A batch too large for the driver's memory: its line and the textfile carry the bytes
+    on disk, and one WARNING names the two settings to change with their values; the next
+    such batch minutes before the next warning is due stays at INFO, and a batch that fit
+    says nothing of it."""
+    from dataclasses import replace
+
+    recorder = MetricsRecorder(settings, _client=DownRedis())
+    with caplog.at_level(logging.INFO, logger="pipelines.stream_metrics"):
+        lines = []
+        for batch, spilled in ((1, 327_155_712), (2, 10 * 2**20), (3, 0)):
+            recorder.record_batch(replace(_stats(batch), spilled_bytes=spilled))
+            metrics = recorder.on_progress(_progress(batch))
+            assert metrics is not None and metrics.spilled_bytes == spilled
+            lines.append(format_batch_line(metrics))
+            text = prometheus_text(metrics, recorder.totals)
+            samples = {s.name: s.value for f in text_string_to_metric_families(text)
+                       for s in f.samples}
+            assert samples["shopstream_stream_batch_spilled_bytes"] == spilled
+    assert lines[0].endswith("; spilled 312 MB to disk")
+    assert lines[1].endswith("; spilled 10 MB to disk")
+    assert "spilled" not in lines[2]
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and "disk" in r.getMessage()]
+    assert warnings == [
+        "batch 1: 312 MB of its rows did not fit in the driver's memory and went to disk, to "
+        "be read back by every sink: raise SHOPSTREAM_SPARK_DRIVER_MEMORY (now "
+        f"{settings.spark_driver_memory}; the executors' memory on a cluster) or lower "
+        "SHOPSTREAM_STREAM_MAX_OFFSETS_PER_TRIGGER (now 1,000,000)"]
+
+
 def test_progress_without_batch_stats_is_ignored(settings: Settings) -> None:
     recorder = MetricsRecorder(settings, _client=DownRedis())
     assert recorder.on_progress(_progress(batch_id=3)) is None
