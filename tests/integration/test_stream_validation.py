@@ -328,10 +328,11 @@ def test_the_future_check_holds_its_bound_to_the_microsecond(spark: Any) -> None
     assert got == expected
 
 
-def test_the_partition_columns_are_the_utc_date_and_hour(spark: Any) -> None:
-    """``utc_date`` and ``utc_hour``, computed from microseconds, give what ``date_format``
-    and ``hour`` give in a UTC session, around midnights and hours, before the epoch, in
-    leap years and at the ends of the four-digit years."""
+def test_the_partition_columns_are_the_utc_date_and_hour(spark: Any, tmp_path: Any) -> None:
+    """``utc_date`` and ``utc_hour``, computed from microseconds, give what ``to_date`` and
+    ``hour`` give in a UTC session, around midnights and hours, before the epoch, in leap
+    years and at the ends of the four-digit years; and a store partitioned by the date has
+    the folders ``date_format`` names (``event_date=yyyy-MM-dd``), which its readers prune."""
     from datetime import UTC, datetime, timedelta
 
     from pyspark.sql import functions as F
@@ -344,12 +345,27 @@ def test_the_partition_columns_are_the_utc_date_and_hour(spark: Any) -> None:
                datetime(1, 1, 2, tzinfo=UTC), datetime(9999, 12, 31, 23, tzinfo=UTC)]
     steps = [timedelta(microseconds=s) for s in (-1, 0, 1)] + [timedelta(minutes=59, seconds=59)]
     times = [a + s for a in anchors for s in steps]
-    frame = spark.createDataFrame([(t,) for t in times], "t timestamp")
+    frame = spark.createDataFrame([(i, t) for i, t in enumerate(times)], "i int, t timestamp")
     rows = frame.select(utc_date("t").alias("date"), utc_hour("t").alias("hour"),
-                        F.date_format("t", "yyyy-MM-dd").alias("want_date"),
+                        F.to_date("t").alias("want_date"),
+                        F.date_format("t", "yyyy-MM-dd").alias("want_text"),
                         F.hour("t").alias("want_hour")).collect()
     assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
     assert len(rows) == len(times)
     assert [(r["date"], r["hour"]) for r in rows] == [(r["want_date"], r["want_hour"]) for r in rows]
-    assert rows[0]["date"] == "1969-12-31" and rows[0]["hour"] == 23  # one µs before the epoch
-    assert {r["date"] for r in rows} >= {"2024-02-29", "0001-01-01", "9999-12-31"}
+    assert rows[0]["date"].isoformat() == "1969-12-31" and rows[0]["hour"] == 23  # 1 µs before
+    texts = {r["want_text"] for r in rows}
+    assert texts >= {"2024-02-29", "0001-01-01", "9999-12-31"}
+
+    out = str(tmp_path / "store")
+    (frame.select("i", utc_date("t").alias("event_date"), utc_hour("t").alias("event_hour"))
+     .write.partitionBy("event_date", "event_hour").parquet(out))
+    folders = {p.name for p in (tmp_path / "store").iterdir() if p.is_dir()}
+    assert folders == {f"event_date={text}" for text in texts}
+    read = spark.read.schema("i int, event_date string, event_hour int").parquet(out)
+    back = {r["i"]: (r["event_date"], r["event_hour"]) for r in read.collect()}
+    want = {i: (r["want_text"], r["want_hour"]) for i, r in enumerate(rows)}
+    assert back == want
+    leap = read.where(F.col("event_date") == "2024-02-29").select("i").collect()
+    assert sorted(r["i"] for r in leap) == [i for i, t in enumerate(times) if t.date().isoformat()
+                                            == "2024-02-29"]
