@@ -154,7 +154,10 @@ def _edge_records() -> list[bytes]:
     """Records at the edges of what the Java function reads in one pass without building
     Spark's variant (a flat object of strings, numbers and nulls) and what it hands to
     Spark's parser: escaped surrogates, duplicate and nested keys, numbers past a long
-    or a decimal, values of every JSON type where a text or a number is wanted."""
+    or a decimal, values of every JSON type where a text or a number is wanted; and the
+    starts of a record on which Jackson's byte parser guesses an encoding or skips a
+    byte-order mark where Spark's parser of the text does not (a mark, blanks, zero
+    bytes that read as UTF-16 or UTF-32), and non-ASCII keys and texts."""
     good = json.dumps(GOOD)[:-1]
     extras = [
         r'"region": "\ud800"', r'"extra": "\udc00x"', r'"\ud800": 1', r'"extra": "\ud83d\ude00"',
@@ -174,6 +177,11 @@ def _edge_records() -> list[bytes]:
     records.append(json.dumps({**GOOD, "event_id": "x" * 5000}).encode())
     records.append(b'{"event_id": "a"} {"event_id": "b"}')
     records.append(b'{"event_id": "a", }')
+    whole = json.dumps(GOOD).encode()
+    records += [b"\xef\xbb\xbf" + whole, b" " + whole, b"\n\t" + whole, whole + b"\n ",
+                b"{\x00\x00\x00", b"{\x00\"\x00a\x00\"\x00:\x001\x00}\x00", b"{\x00}", b"{}", b"{",
+                b"{ }", json.dumps({**GOOD, "region": "Zürich ☕ 😀"}, ensure_ascii=False).encode(),
+                json.dumps({**GOOD, "ünï": "ç", "event_type": "vïew"}, ensure_ascii=False).encode()]
     return records
 
 
@@ -205,12 +213,13 @@ def test_the_java_functions_one_pass_reads_what_sparks_parser_reads(spark: Any) 
 
     register("_fields_one_pass", True)
     register("_fields_parser", False)
-    values = [*_edge_records(), *mutated_records(1000, seed=7),
-              *[value for _, value, _ in CASES if value is not None]]
-    frame = spark.createDataFrame([(i, v.decode("utf-8", "replace")) for i, v in enumerate(values)],
-                                  "i long, text string")
-    rows = frame.select("i", F.call_function("_fields_one_pass", "text").alias("a"),
-                        F.call_function("_fields_parser", "text").alias("b")).orderBy("i").collect()
+    # the function takes valid UTF-8 bytes (the validation calls it on no others)
+    values = [v.decode("utf-8", "replace").encode() for v in (
+        *_edge_records(), *mutated_records(1000, seed=7),
+        *[value for _, value, _ in CASES if value is not None])]
+    frame = spark.createDataFrame(list(enumerate(values)), "i long, value binary")
+    rows = frame.select("i", F.call_function("_fields_one_pass", "value").alias("a"),
+                        F.call_function("_fields_parser", "value").alias("b")).orderBy("i").collect()
     differ = [(values[row["i"]], row["a"], row["b"]) for row in rows if row["a"] != row["b"]]
     assert not differ, f"{len(differ)} records differ, e.g. {differ[:2]}"
     assert len(rows) == len(values)
