@@ -154,8 +154,9 @@ def _edge_records() -> list[bytes]:
     """Records at the edges of what the Java function reads in one pass without building
     Spark's variant (a flat object of strings, numbers and nulls) and what it hands to
     Spark's parser: escaped surrogates, duplicate and nested keys, numbers past a long
-    or a decimal, values of every JSON type where a text or a number is wanted; and the
-    starts of a record on which Jackson's byte parser guesses an encoding or skips a
+    or a decimal, plain decimals of up to 15 digits (which the function divides out
+    itself) and more, values of every JSON type where a text or a number is wanted; and
+    the starts of a record on which Jackson's byte parser guesses an encoding or skips a
     byte-order mark where Spark's parser of the text does not (a mark, blanks, zero
     bytes that read as UTF-16 or UTF-32), and non-ASCII keys and texts."""
     good = json.dumps(GOOD)[:-1]
@@ -174,6 +175,19 @@ def _edge_records() -> list[bytes]:
         for number in numbers:
             doc = {k: v for k, v in GOOD.items() if k != name}
             records.append((json.dumps(doc)[:-1] + f', "{name}": {number}}}').encode())
+    # plain decimals on both sides of the 15 digits the function divides out itself,
+    # negative zeros among them, and decimals whose quotient rounds (0.3, 1.1)
+    rng = random.Random(11)
+    decimals = ["0.3", "1.1", "-0.000", "0.00000000000001", "99999999999999.9",
+                "999999999999999.9", "-999999999999999", "123456789012345.6"]
+    for _ in range(300):
+        places = rng.randrange(1, 12)
+        whole = rng.randrange(10 ** rng.randrange(0, 12))
+        sign = "-" if rng.random() < 0.3 else ""
+        decimals.append(f"{sign}{whole}.{rng.randrange(10 ** places):0{places}d}")
+    for number in decimals:
+        doc = {k: v for k, v in GOOD.items() if k != "price"}
+        records.append((json.dumps(doc)[:-1] + f', "price": {number}}}').encode())
     records.append(json.dumps({**GOOD, "event_id": "x" * 5000}).encode())
     records.append(b'{"event_id": "a"} {"event_id": "b"}')
     records.append(b'{"event_id": "a", }')
@@ -220,7 +234,9 @@ def test_the_java_functions_one_pass_reads_what_sparks_parser_reads(spark: Any) 
     frame = spark.createDataFrame(list(enumerate(values)), "i long, value binary")
     rows = frame.select("i", F.call_function("_fields_one_pass", "value").alias("a"),
                         F.call_function("_fields_parser", "value").alias("b")).orderBy("i").collect()
-    differ = [(values[row["i"]], row["a"], row["b"]) for row in rows if row["a"] != row["b"]]
+    # by their repr, which tells -0.0 from 0.0 where == does not
+    differ = [(values[row["i"]], row["a"], row["b"]) for row in rows
+              if repr(row["a"]) != repr(row["b"])]
     assert not differ, f"{len(differ)} records differ, e.g. {differ[:2]}"
     assert len(rows) == len(values)
     # the records reach the parser's failures, wrong types and valid numbers alike
