@@ -154,8 +154,8 @@ def _edge_records() -> list[bytes]:
     """Records at the edges of what the Java function reads in one pass without building
     Spark's variant (a flat object of strings, numbers and nulls) and what it hands to
     Spark's parser: escaped surrogates, duplicate and nested keys, numbers past a long
-    or a decimal, plain decimals of up to 15 digits (which the function divides out
-    itself) and more, values of every JSON type where a text or a number is wanted; and
+    or a decimal, plain decimals of up to 15 digits and more (negative zeros among
+    them), values of every JSON type where a text or a number is wanted; and
     the starts of a record on which Jackson's byte parser guesses an encoding or skips a
     byte-order mark where Spark's parser of the text does not (a mark, blanks, zero
     bytes that read as UTF-16 or UTF-32), and non-ASCII keys and texts."""
@@ -175,8 +175,8 @@ def _edge_records() -> list[bytes]:
         for number in numbers:
             doc = {k: v for k, v in GOOD.items() if k != name}
             records.append((json.dumps(doc)[:-1] + f', "{name}": {number}}}').encode())
-    # plain decimals on both sides of the 15 digits the function divides out itself,
-    # negative zeros among them, and decimals whose quotient rounds (0.3, 1.1)
+    # plain decimals on both sides of 15 digits (past it a double's 53 bits no longer
+    # hold every unscaled value), negative zeros, and decimals no double holds (0.3, 1.1)
     rng = random.Random(11)
     decimals = ["0.3", "1.1", "-0.000", "0.00000000000001", "99999999999999.9",
                 "999999999999999.9", "-999999999999999", "123456789012345.6"]
