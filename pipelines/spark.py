@@ -170,13 +170,17 @@ def uri_exists(spark: SparkSession, uri: str) -> bool:
     return bool(path.getFileSystem(spark._jsc.hadoopConfiguration()).exists(path))  # type: ignore[attr-defined]
 
 
-def register_contract_fields(spark: SparkSession, class_name: str | None = None) -> bool:
+def register_contract_fields(spark: SparkSession, class_name: str | None = None, *,
+                             name: str | None = None, one_pass: bool = True) -> bool:
     """Register :data:`features.validation.CONTRACT_FIELDS_FUNCTION` in ``spark`` (the Java
     class of :mod:`pipelines.infra.jvm_jar`, given the contract's fields) and, from the
     same jar, :data:`features.validation.VALID_UTF8_FUNCTION`; the validation then reads
     the fields, and checks the bytes, with them. False, with a warning, when the
     session's JVM does not have the class (a session started before, without the jar):
-    the validation then uses Spark's own expressions, to the same verdicts."""
+    the validation then uses Spark's own expressions, to the same verdicts.
+
+    ``name`` registers the contract-fields function under another name, and ``one_pass``
+    false has it read every record with Spark's parser (the tests compare the two ways)."""
     from functools import reduce
 
     from py4j.protocol import Py4JError
@@ -202,9 +206,9 @@ def register_contract_fields(spark: SparkSession, class_name: str | None = None)
 
     try:
         # py4j names a class it cannot find as a package, which cannot be called
-        instance = reduce(getattr, class_name.split("."), jvm)(
-            array(jvm.java.lang.String, names), array(jvm.boolean, wants_text),
-            array(jvm.boolean, wants_number))
+        java_class = reduce(getattr, class_name.split("."), jvm)
+        instance = java_class(array(jvm.java.lang.String, names), array(jvm.boolean, wants_text),
+                              array(jvm.boolean, wants_number), one_pass)
         valid_utf8 = reduce(getattr, VALID_UTF8_CLASS.split("."), jvm)()
     except (Py4JError, TypeError) as exc:
         log.warning("the contract-fields class %s is not in this Spark session's JVM (%s): "
@@ -212,8 +216,8 @@ def register_contract_fields(spark: SparkSession, class_name: str | None = None)
                     class_name, exc)
         return False
     jsession = spark._jsparkSession  # type: ignore[attr-defined]
-    jsession.udf().register(CONTRACT_FIELDS_FUNCTION, instance,
-                            jsession.parseDataType(struct.json()))
+    java_class.register(jsession, name or CONTRACT_FIELDS_FUNCTION, instance,
+                        jsession.parseDataType(struct.json()))
     jsession.udf().register(VALID_UTF8_FUNCTION, valid_utf8,
                             jsession.parseDataType(BooleanType().json()))
     return True

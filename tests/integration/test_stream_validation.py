@@ -119,6 +119,8 @@ def test_the_session_reads_the_fields_with_the_java_function(spark: Any) -> None
     """The project's sessions have the function, so the stream and the backfill use it; a
     session without it (a user's own, or one started before the jar) reads the fields
     with Spark's expressions and gives the same verdicts."""
+    from pyspark.sql import functions as F
+
     from features.validation import CONTRACT_FIELDS_FUNCTION, with_verdict
 
     def plan(session: Any) -> str:
@@ -129,6 +131,13 @@ def test_the_session_reads_the_fields_with_the_java_function(spark: Any) -> None
 
     assert spark.catalog.functionExists(CONTRACT_FIELDS_FUNCTION)
     assert CONTRACT_FIELDS_FUNCTION in plan(spark) and "try_parse_json" not in plan(spark)
+    # a call with other arguments than one record is told so, by the function's name
+    with pytest.raises(Exception, match=f"{CONTRACT_FIELDS_FUNCTION} takes one argument"):
+        spark.range(1).select(F.call_function(CONTRACT_FIELDS_FUNCTION, F.lit(b"{}"), F.lit(1)))
+    # a text is read as its UTF-8 bytes, as the binary it casts to
+    text = spark.range(1).select(F.call_function(CONTRACT_FIELDS_FUNCTION, F.lit('{"region": "UK"}'))
+                                 .alias("f")).first()["f"]
+    assert (text["json"], text["type_region"], text["text_region"]) == (True, "STRING", "UK")
     other = spark.newSession()
     assert not other.catalog.functionExists(CONTRACT_FIELDS_FUNCTION)
     assert "try_parse_json" in plan(other) and CONTRACT_FIELDS_FUNCTION not in plan(other)
@@ -203,27 +212,12 @@ def test_the_java_functions_one_pass_reads_what_sparks_parser_reads(spark: Any) 
     """The function's one-pass reader returns, field by field, what it returns from Spark's
     parser (its other way, which every record took before): on records chosen to take
     each way, and on mutations."""
-    from functools import reduce
-
     from pyspark.sql import functions as F
 
-    from features.validation import contract_fields_arguments
-    from pipelines.infra.jvm_jar import CONTRACT_FIELDS_CLASS
-
-    names, wants_text, wants_number, struct = contract_fields_arguments()
-    gateway = spark.sparkContext._gateway
-    session = spark._jsparkSession
+    from pipelines.spark import register_contract_fields
 
     def register(name: str, one_pass: bool) -> None:
-        arrays = []
-        for kind, items in ((gateway.jvm.java.lang.String, names),
-                            (gateway.jvm.boolean, wants_text), (gateway.jvm.boolean, wants_number)):
-            array = gateway.new_array(kind, len(items))
-            for i, item in enumerate(items):
-                array[i] = item
-            arrays.append(array)
-        instance = reduce(getattr, CONTRACT_FIELDS_CLASS.split("."), gateway.jvm)(*arrays, one_pass)
-        session.udf().register(name, instance, session.parseDataType(struct.json()))
+        assert register_contract_fields(spark, name=name, one_pass=one_pass)
 
     register("_fields_one_pass", True)
     register("_fields_parser", False)
@@ -231,7 +225,9 @@ def test_the_java_functions_one_pass_reads_what_sparks_parser_reads(spark: Any) 
     values = [v.decode("utf-8", "replace").encode() for v in (
         *_edge_records(), *mutated_records(1000, seed=7),
         *[value for _, value, _ in CASES if value is not None])]
-    frame = spark.createDataFrame(list(enumerate(values)), "i long, value binary")
+    # repartitioned, so the functions run in Spark's generated code as in the stream (on a
+    # local relation the optimizer evaluates them one by one, through reflection)
+    frame = spark.createDataFrame(list(enumerate(values)), "i long, value binary").repartition(2)
     rows = frame.select("i", F.call_function("_fields_one_pass", "value").alias("a"),
                         F.call_function("_fields_parser", "value").alias("b")).orderBy("i").collect()
     # by their repr, which tells -0.0 from 0.0 where == does not

@@ -12,13 +12,22 @@ import com.fasterxml.jackson.core.JsonParser;
 import com.fasterxml.jackson.core.JsonToken;
 import com.fasterxml.jackson.core.exc.InputCoercionException;
 
-import org.apache.spark.sql.Row;
-import org.apache.spark.sql.RowFactory;
-import org.apache.spark.sql.api.java.UDF1;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.Expression;
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.catalyst.expressions.Literal$;
+import org.apache.spark.sql.catalyst.expressions.objects.Invoke;
+import org.apache.spark.sql.classic.SparkSession;
 import org.apache.spark.sql.internal.SQLConf;
+import org.apache.spark.sql.types.AbstractDataType;
+import org.apache.spark.sql.types.DataType;
 import org.apache.spark.types.variant.Variant;
 import org.apache.spark.types.variant.VariantBuilder;
 import org.apache.spark.unsafe.types.UTF8String;
+
+import scala.collection.immutable.Seq;
+import scala.jdk.javaapi.CollectionConverters;
+import scala.runtime.AbstractFunction1;
 
 /**
  * The event contract's fields of one JSON record, read in one pass: shopstream's
@@ -41,7 +50,8 @@ import org.apache.spark.unsafe.types.UTF8String;
  * record that takes the parseJson way below is decoded as Spark decoded it before (a
  * String of the bytes), so what it gives is unchanged.
  *
- * <p>Returns a row of {@code json} (false: not valid JSON) and, per field name given to
+ * <p>{@link #fields} returns Spark's own row (register() makes it a session function) of
+ * {@code json} (false: not valid JSON) and, per field name given to
  * the constructor, {@code type} (null: absent; VOID, STRING, NUMBER or OTHER),
  * {@code text} (a string's value; the JSON text of any other non-null value when the
  * field asks for text, as a cast of the value to a string gives) and {@code number}
@@ -57,8 +67,11 @@ import org.apache.spark.unsafe.types.UTF8String;
  * parseJson as before. Building the variant, with its key dictionary, its sort of the
  * fields and its copies, was a third of this function's samples in a profile of the drain.
  */
-public final class ContractFields implements UDF1<byte[], Row> {
-  private static final long serialVersionUID = 1L;
+public final class ContractFields implements java.io.Serializable {
+  private static final long serialVersionUID = 2L;
+
+  /** The session function's name, which the query plans show for this object. */
+  private String label = "ContractFields";
 
   private final String[] names;
   private final boolean[] wantsText;
@@ -76,8 +89,8 @@ public final class ContractFields implements UDF1<byte[], Row> {
   private final boolean onePass;
 
   /**
-   * The type names, built once: Spark takes a UTF8String in a string field as it is, where
-   * it encodes a Java String anew for every record (a UTF8String.fromString per field).
+   * The type names, built once: Spark's row holds a string field as a UTF8String, which
+   * would otherwise be encoded anew for every record (a UTF8String.fromString per field).
    */
   private static final UTF8String VOID = UTF8String.fromString("VOID");
   private static final UTF8String STRING = UTF8String.fromString("STRING");
@@ -117,8 +130,58 @@ public final class ContractFields implements UDF1<byte[], Row> {
     index = map;
   }
 
+  /**
+   * Registers {@code function} in {@code session} as the function {@code name} of one binary
+   * argument, returning {@code type} (the struct described above).
+   *
+   * <p>Why not a UDF: Spark converts a UDF's {@code Row} to its own row field by field, and
+   * encodes every Java {@code String} in it anew; those converters and encodings were a
+   * fifth of this function's samples in a profile of the stream's drain. Spark's
+   * {@code Invoke} of {@link #fields} on the object (a literal of the plan) takes Spark's
+   * own row as it is, in the generated code of the stage, with no conversion.
+   */
+  public static void register(SparkSession session, String name, ContractFields function,
+      DataType type) {
+    function.label = name;
+    session.sessionState().functionRegistry().createOrReplaceTempFunction(
+        name, new Builder(name, function, type), "java_udf");
+  }
+
+  /** What the session's function registry calls with the arguments of each call. */
+  private static final class Builder extends AbstractFunction1<Seq<Expression>, Expression>
+      implements java.io.Serializable {
+    private static final long serialVersionUID = 1L;
+    private final String name;
+    private final ContractFields function;
+    private final DataType type;
+
+    Builder(String name, ContractFields function, DataType type) {
+      this.name = name;
+      this.function = function;
+      this.type = type;
+    }
+
+    @Override
+    public Expression apply(Seq<Expression> arguments) {
+      if (arguments.size() != 1) {
+        throw new IllegalArgumentException(
+            name + " takes one argument, a record's bytes; it was given " + arguments.size());
+      }
+      Seq<AbstractDataType> binary =
+          CollectionConverters.asScala(java.util.List.<AbstractDataType>of(
+              org.apache.spark.sql.types.BinaryType$.MODULE$)).toSeq();
+      return new Invoke(Literal$.MODULE$.fromObject(function), "fields", type, arguments,
+          binary, true, true, true);
+    }
+  }
+
   @Override
-  public Row call(byte[] bytes) {
+  public String toString() {
+    return label;
+  }
+
+  /** The fields of one record (null for null), as Spark's own row: see the class comment. */
+  public InternalRow fields(byte[] bytes) {
     if (bytes == null) {
       return null;
     }
@@ -127,7 +190,7 @@ public final class ContractFields implements UDF1<byte[], Row> {
     }
     Object[] out = new Object[1 + 3 * names.length];
     if (onePass && bytes.length <= FLAT_MAX_BYTES && flatCandidate(bytes) && readFlat(bytes, out)) {
-      return RowFactory.create(out);
+      return new GenericInternalRow(out);
     }
     Arrays.fill(out, null);
     Variant doc;
@@ -136,11 +199,11 @@ public final class ContractFields implements UDF1<byte[], Row> {
           allowDuplicateKeys, validateUnicode);
     } catch (Exception e) {  // malformed, a duplicate key, too large: try_parse_json's null
       out[0] = Boolean.FALSE;
-      return RowFactory.create(out);
+      return new GenericInternalRow(out);
     }
     out[0] = Boolean.TRUE;
     if (doc.getType() != org.apache.spark.types.variant.VariantUtil.Type.OBJECT) {
-      return RowFactory.create(out);
+      return new GenericInternalRow(out);
     }
     int size = doc.objectSize();
     for (int i = 0; i < size; i++) {
@@ -150,7 +213,7 @@ public final class ContractFields implements UDF1<byte[], Row> {
         read(field.value, at, out);
       }
     }
-    return RowFactory.create(out);
+    return new GenericInternalRow(out);
   }
 
   private void read(Variant value, int at, Object[] out) {
@@ -161,7 +224,7 @@ public final class ContractFields implements UDF1<byte[], Row> {
         return;
       case STRING:
         out[base] = STRING;
-        out[base + 1] = value.getString();
+        out[base + 1] = UTF8String.fromString(value.getString());
         return;
       case LONG:
         number(at, out, (double) value.getLong());
@@ -179,7 +242,7 @@ public final class ContractFields implements UDF1<byte[], Row> {
         out[base] = OTHER;
     }
     if (wantsText[at]) {
-      out[base + 1] = value.toJson(ZoneOffset.UTC);
+      out[base + 1] = UTF8String.fromString(value.toJson(ZoneOffset.UTC));
     }
   }
 
@@ -236,9 +299,13 @@ public final class ContractFields implements UDF1<byte[], Row> {
         int base = at == null ? -1 : 1 + 3 * at;
         switch (token) {
           case VALUE_STRING: {
-            String value = parser.getText();
-            if (validateUnicode && !validUnicode(value)) {
-              return false;
+            UTF8String value = plainText(parser, bytes);
+            if (value == null) {
+              String text = parser.getText();
+              if (validateUnicode && !validUnicode(text)) {
+                return false;
+              }
+              value = base >= 0 ? UTF8String.fromString(text) : null;
             }
             if (base >= 0) {
               out[base] = STRING;
@@ -274,6 +341,32 @@ public final class ContractFields implements UDF1<byte[], Row> {
     }
     out[0] = Boolean.TRUE;
     return true;
+  }
+
+  /**
+   * The current string token's value, when it is plain ASCII text with no escape: its bytes
+   * between the quotes, which are its UTF-8 as they stand (and hold no surrogate, so the
+   * Unicode check has nothing to find). Null for any other string, which the caller reads
+   * through Jackson as before. Why: Jackson decoded each string to a Java String and Spark
+   * encoded it back to UTF-8; the bytes are already there. Jackson then skips the string's
+   * bytes itself when it reads on.
+   */
+  private static UTF8String plainText(JsonParser parser, byte[] bytes) {
+    long quote = parser.currentTokenLocation().getByteOffset();
+    if (quote < 0 || quote >= bytes.length || bytes[(int) quote] != '"') {
+      return null;
+    }
+    int start = (int) quote + 1;
+    for (int i = start; i < bytes.length; i++) {
+      byte b = bytes[i];
+      if (b == '"') {
+        return UTF8String.fromBytes(bytes, start, i - start);
+      }
+      if (b == '\\' || b < 0x20) {  // an escape, a control character, or a non-ASCII byte
+        return null;
+      }
+    }
+    return null;
   }
 
   /** A JSON number's value as VariantBuilder stores it (long, decimal, else double). */
