@@ -110,7 +110,9 @@ def test_streaming_smoke(tmp_path: Path) -> None:
         assert len(cpu) == 1, _explain(payload)
         for name in (part, "the Kafka broker", "redis-server", "this benchmark's Python"):
             used = re.search(re.escape(name) + r"[^;]* (\d+\.\d+)(;|$)", cpu[0])
-            assert used and float(used.group(1)) > 0, cpu[0]
+            # every part is reported; only the stream's own process is sure to show work at
+            # two decimals (an idle redis-server over an 11 s run prints 0.00)
+            assert used and (float(used.group(1)) > 0 or name != part), cpu[0]
 
 
 def test_tile_feed_smoke(tmp_path: Path) -> None:
