@@ -160,6 +160,40 @@ def test_single_events_folded_one_by_one_give_the_rows_of_keyed_tiles(spark: Any
     assert ("sales", "i+2%7Cx|c%2F1|C%C3%B4te+d%27Ivoire", first) in folded
 
 
+def test_the_per_key_pass_gets_every_tile_in_arrow_batches_bounded_by_rows(spark: Any) -> None:
+    """The tiles reach the per-key pass as Arrow batches. The session leaves the batches
+    without a byte bound (``ARROW_UNBOUNDED_BYTES``: under one, Spark's writer sizes the
+    whole batch after every row); a batch is still bounded by its rows
+    (``maxRecordsPerBatch``), and every tile arrives exactly once."""
+    import pyarrow as pa
+
+    from pipelines.spark import ARROW_UNBOUNDED_BYTES
+    from pipelines.stream_state import keyed_rows
+
+    assert int(spark.conf.get("spark.sql.execution.arrow.maxBytesPerBatch")) == (
+        ARROW_UNBOUNDED_BYTES)
+    events = spark.createDataFrame(_events(400, 5), EVENT_SCHEMA)
+    tiles = keyed_rows(events, slide_seconds=60, last_items_n=3, partitions=2)
+    expected = sorted((r["kind"], r["key"], r["tile_start"]) for r in tiles.collect())
+
+    def received(batches: Any) -> Any:
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({
+                "rows": [batch.num_rows] * batch.num_rows,
+                "kind": batch.column("kind"), "key": batch.column("key"),
+                "tile_start": batch.column("tile_start")})
+
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "7")
+    try:
+        got = tiles.mapInArrow(received, "rows long, kind string, key string, tile_start long"
+                               ).collect()
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert len(expected) > 20
+    assert sorted((r["kind"], r["key"], r["tile_start"]) for r in got) == expected
+    assert max(r["rows"] for r in got) == 7
+
+
 def _canonical_row(row: dict[str, Any]) -> dict[str, Any]:
     """A keyed row with its unordered parts sorted and its doubles to 1e-9."""
     out = dict(row)
