@@ -60,6 +60,11 @@ HOTSPOT_HUGE_METHOD = 8_000
 its default, a longer method is never JIT-compiled and runs in the interpreter."""
 _HUGE_METHODS_FLAG = re.compile(r"-XX:[+-]DontCompileHugeMethods\b")
 
+CONCURRENT_OUTPUT_WRITERS = 4
+"""``spark.sql.maxConcurrentOutputFileWriters``: a task writing a partitioned table (the raw
+events by date and hour) keeps up to this many files open instead of sorting its rows by
+partition first; a batch that spans more partitions has the rest sorted, as before."""
+
 ARROW_UNBOUNDED_BYTES = 2**31 - 1
 """``spark.sql.execution.arrow.maxBytesPerBatch`` with no byte bound: Spark's Arrow writer
 to Python checks a batch's size after each row unless the bound is exactly this."""
@@ -148,6 +153,10 @@ def spark_session(settings: Settings, app_name: str = "shopstream", *, kafka: bo
         # 58 % of the online path's Arrow writing in a profile of the drain. Int.MaxValue
         # is the value for which Spark skips that check (BatchedPythonArrowInput).
         .config("spark.sql.execution.arrow.maxBytesPerBatch", str(ARROW_UNBOUNDED_BYTES))
+        # the raw events sink writes each date/hour partition with a writer of its own
+        # instead of sorting the batch by them first: the same files and rows, 12 of 14
+        # alternating 1M-event writes took less CPU (0.12 s of about 2.2)
+        .config("spark.sql.maxConcurrentOutputFileWriters", str(CONCURRENT_OUTPUT_WRITERS))
         .config("spark.sql.warehouse.dir", settings.data_path("spark-warehouse"))
         .config("spark.driver.extraJavaOptions", driver_java_options(settings, latency=latency))
     )
