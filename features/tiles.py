@@ -74,6 +74,8 @@ __all__ = [
     "keyed_tiles",
     "ROLE_EVENT_COLUMNS",
     "role_events",
+    "ROLE_ROW_COLUMNS",
+    "role_rows",
 ]
 
 ACTIVITY_WEIGHTS: Mapping[str, float] = MappingProxyType(
@@ -418,13 +420,40 @@ def keyed_tiles(events: DataFrame, *, slide_seconds: int, last_items_n: int,
     took 0.8 s of every 3 s batch on the driver.
     """
     cols = _keyed_columns(int(slide_seconds), int(last_items_n))
-    exploded = events.select(*cols.used, cols.role).select(*cols.carried, *cols.role_fields)
-    if partitions is not None:
-        exploded = exploded.repartition(int(partitions), *cols.partition_keys)
+    exploded = _role_rows(events, cols, partitions)
     if events.isStreaming if windowed is None else windowed:
         return exploded.groupBy(*cols.group).agg(*cols.aggregates).select(*cols.output)
     return (exploded.select(cols.all, *cols.tile_group).groupBy(*cols.tile_group_names)
             .agg(*cols.aggregates).select(*cols.tile_output))
+
+
+def _role_rows(events: DataFrame, cols: _KeyedColumns, partitions: int | None) -> DataFrame:
+    exploded = events.select(*cols.used, cols.role).select(*cols.carried, *cols.role_fields)
+    if partitions is not None:
+        exploded = exploded.repartition(int(partitions), *cols.partition_keys)
+    return exploded
+
+
+ROLE_ROW_COLUMNS: tuple[str, ...] = (
+    "event_time", "item_id", "category_id", "region", "price", "quantity", "_event", "_weight",
+    "kind", "key", "_role",
+)
+"""Columns of :func:`role_rows`: an event's fields, its type's code (``_event``, the index in
+:data:`features.events.EVENT_TYPES`), its activity weight, and its role (``kind``, ``key``
+and ``_role``, the index of the kind in :data:`TILE_KINDS`)."""
+
+
+def role_rows(events: DataFrame, *, slide_seconds: int, partitions: int | None = None
+              ) -> DataFrame:
+    """The rows :func:`keyed_tiles` aggregates (:data:`ROLE_ROW_COLUMNS`): each event once
+    per role, with its event type and role as numbers; with ``partitions``, hash-partitioned
+    by ``(kind, key)``, so every tile's rows are in one partition.
+
+    Why: a fold of these rows into tiles outside Spark's aggregation (the stream's, in the
+    JVM: ``pipelines.streaming.tile_fold``) starts from the same rows, so both apply the
+    same roles, masks and codes.
+    """
+    return _role_rows(events, _keyed_columns(int(slide_seconds), 1), partitions)
 
 
 ROLE_EVENT_COLUMNS: tuple[str, ...] = (

@@ -86,6 +86,8 @@ from pipelines.streaming import pyfeatures as pyf
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from pipelines.streaming.tile_fold import TileFolder
+
 __all__ = [
     "spilled_bytes",
     "BatchLog",
@@ -830,17 +832,19 @@ USER, ITEM, SALES = "user", "item", "sales"
 
 
 def keyed_rows(events: DataFrame, *, slide_seconds: int, last_items_n: int,
-               partitions: int) -> DataFrame:
-    """A batch's events -> :func:`features.tiles.keyed_tiles`, hash-partitioned by (kind, key).
+               partitions: int, folder: TileFolder = "auto") -> DataFrame:
+    """A batch's events -> :func:`features.tiles.keyed_tiles`' rows, hash-partitioned by
+    (kind, key), folded by ``folder`` (:func:`pipelines.streaming.tile_fold.tiles`: by
+    default shopstream's ``TileFold`` when the session has it, else Spark's aggregation).
 
-    The events are partitioned by (kind, key) *before* the aggregation, so the
-    aggregation's shuffle is the only one: its output already holds every tile
-    of a key in one partition, which is what the per-key pass needs.
+    The role rows are partitioned by (kind, key) *before* they are folded, so that
+    shuffle is the only one: every tile of a key is in one partition, which is what
+    the per-key pass needs.
     """
-    from features.tiles import keyed_tiles
+    from pipelines.streaming.tile_fold import tiles
 
-    return keyed_tiles(events, slide_seconds=slide_seconds, last_items_n=last_items_n,
-                       partitions=partitions)
+    return tiles(events, slide_seconds=slide_seconds, last_items_n=last_items_n,
+                 partitions=partitions, folder=folder)
 
 
 class TileStore:

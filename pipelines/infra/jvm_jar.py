@@ -4,11 +4,13 @@
 (see its comment and :func:`features.validation.with_verdict`) and ``ValidUtf8`` checks
 its bytes; ``EventDedup`` is the
 stream's deduplication, whose state expires without being read whole
-(:mod:`pipelines.streaming.dedup`). They are compiled with the machine's ``javac`` into
+(:mod:`pipelines.streaming.dedup`); ``TileFold`` folds a micro-batch's role rows into its
+tiles (:mod:`pipelines.streaming.tile_fold`). They are compiled with the machine's ``javac`` into
 ``<cache_dir>/jars/shopstream-jvm-<hash>.jar``; the hash is of the sources and the pyspark
 version, so an edit or an upgrade builds a new jar and an unchanged one is found at once.
 Without a ``javac`` the jar is not built: the validation then reads the fields with
-Spark's own expressions (slower, same verdicts), and the stream needs
+Spark's own expressions (slower, same verdicts), the tiles are Spark's aggregation (slower,
+the same rows), and the stream needs
 ``SHOPSTREAM_STREAM_DEDUP=spark`` (Spark's own dedup); ``make setup`` installs one.
 """
 
@@ -26,14 +28,15 @@ from pathlib import Path
 
 from pipelines.settings import Settings
 
-__all__ = ["CONTRACT_FIELDS_CLASS", "EVENT_DEDUP_CLASS", "VALID_UTF8_CLASS", "shopstream_jar",
-           "JarBuildError"]
+__all__ = ["CONTRACT_FIELDS_CLASS", "EVENT_DEDUP_CLASS", "TILE_FOLD_CLASS", "VALID_UTF8_CLASS",
+           "shopstream_jar", "JarBuildError"]
 
 log = logging.getLogger(__name__)
 
 CONTRACT_FIELDS_CLASS = "shopstream.ContractFields"
 VALID_UTF8_CLASS = "shopstream.ValidUtf8"
 EVENT_DEDUP_CLASS = "shopstream.EventDedup"
+TILE_FOLD_CLASS = "shopstream.TileFold"
 _SOURCES = "infra/jvm"
 
 
