@@ -22,8 +22,9 @@ reads the same record and so makes the same decisions.
     ss:v1:stream:dirty:{kind}:{tile_start}   SET   entities touched while the clock was in that tile
 
 Per micro-batch, one Spark job (no row goes to the driver): the batch's tiles
-of all three kinds are computed in one aggregation
-(:func:`features.tiles.keyed_tiles`, the backfill's rules), partitioned by key
+of all three kinds are folded in one pass per partition (:func:`keyed_rows`:
+shopstream's ``TileFold`` in the JVM, or Spark's aggregation without its jar; the
+rows of :func:`features.tiles.keyed_tiles`, the backfill's rules), partitioned by key
 and handed to Python as Arrow batches (``mapInArrow``), and each executor
 task, for its keys, pipelined by chunks:
 

@@ -3,8 +3,9 @@
 Called from the micro-batch query's ``foreachBatch`` with the batch's on-time
 events and the event-time clock ``T`` after the batch:
 
-1. one Spark job: the batch's tiles (:func:`features.tiles.keyed_tiles`, one
-   aggregation partitioned by key, handed to Python as Arrow) merged into the
+1. one Spark job: the batch's tiles (:func:`pipelines.stream_state.keyed_rows`: the
+   rows of :func:`features.tiles.keyed_tiles`, folded per partition by key, handed to
+   Python as Arrow) merged into the
    tile store in Redis idempotently per batch, and the touched users' and
    items' features as of ``T`` written in Feast's layout
    (:class:`pipelines.stream_state.TileStore`), with item metadata;
