@@ -29,7 +29,7 @@ from pathlib import Path
 from pipelines.settings import Settings
 
 __all__ = ["CONTRACT_FIELDS_CLASS", "EVENT_DEDUP_CLASS", "TILE_FOLD_CLASS", "VALID_UTF8_CLASS",
-           "shopstream_jar", "JarBuildError"]
+           "shopstream_jar", "session_has_class", "JarBuildError"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,17 @@ _SOURCES = "infra/jvm"
 
 class JarBuildError(RuntimeError):
     """``javac`` failed on the project's Java sources."""
+
+
+def session_has_class(spark: object, name: str) -> bool:
+    """Whether the Spark session's JVM has the class ``name`` (one of shopstream's, when its
+    jar was built): py4j names a class it cannot find as a package."""
+    from functools import reduce
+
+    from py4j.java_gateway import JavaClass
+
+    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
+    return isinstance(reduce(getattr, name.split("."), jvm), JavaClass)
 
 
 def _javac() -> str | None:

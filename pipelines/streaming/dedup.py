@@ -169,16 +169,10 @@ def deduplicated(checked: DataFrame, settings: Settings,
 
 
 def _has_event_dedup(spark: object) -> bool:
-    """Whether the session's JVM has ``EventDedup`` (py4j names a class it cannot find as
-    a package)."""
-    from functools import reduce
+    """Whether the session's JVM has ``EventDedup``."""
+    from pipelines.infra.jvm_jar import EVENT_DEDUP_CLASS, session_has_class
 
-    from py4j.java_gateway import JavaClass
-
-    from pipelines.infra.jvm_jar import EVENT_DEDUP_CLASS
-
-    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-    return isinstance(reduce(getattr, EVENT_DEDUP_CLASS.split("."), jvm), JavaClass)
+    return session_has_class(spark, EVENT_DEDUP_CLASS)
 
 
 def check_checkpoint(spark: object, checkpoint: str, settings: Settings) -> GroupKey:

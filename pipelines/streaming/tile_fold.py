@@ -13,7 +13,6 @@ Without the jar (no ``javac``), :func:`tiles` is Spark's aggregation, with the s
 
 from __future__ import annotations
 
-from functools import reduce
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
@@ -27,14 +26,10 @@ TileFolder = Literal["auto", "jvm", "spark"]
 
 
 def has_tile_fold(spark: object) -> bool:
-    """Whether the session's JVM has ``TileFold`` (py4j names a class it cannot find as a
-    package)."""
-    from py4j.java_gateway import JavaClass
+    """Whether the session's JVM has ``TileFold`` (shopstream's jar was built)."""
+    from pipelines.infra.jvm_jar import TILE_FOLD_CLASS, session_has_class
 
-    from pipelines.infra.jvm_jar import TILE_FOLD_CLASS
-
-    jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
-    return isinstance(reduce(getattr, TILE_FOLD_CLASS.split("."), jvm), JavaClass)
+    return session_has_class(spark, TILE_FOLD_CLASS)
 
 
 def folded_tiles(events: DataFrame, *, slide_seconds: int, last_items_n: int,

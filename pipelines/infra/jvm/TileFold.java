@@ -229,8 +229,8 @@ public final class TileFold implements FlatMapFunction<Iterator<InternalRow>, In
     } else if (bought) {
       tile.purchases++;
     }
-    int quantity = row.isNullAt(at[QUANTITY]) ? 0 : row.getInt(at[QUANTITY]);
     if (bought && !row.isNullAt(at[QUANTITY])) {
+      int quantity = row.getInt(at[QUANTITY]);
       tile.units += quantity;
       if (hasPrice) {
         tile.spend += row.getDouble(at[PRICE]) * (double) quantity;
