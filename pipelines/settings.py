@@ -146,7 +146,10 @@ class Settings(BaseSettings):
     Spark's default without the flag it ran interpreted, 40 % of the stream's JVM
     samples). Compiled as one method it takes about a fifth less CPU than the
     per-operator code that 8,000 gives (which copies every row between five
-    projections). Set 8,000 to get that code back and leave HotSpot's default alone."""
+    projections). HotSpot's C1 compiles it; C2 refuses it, and where C1's profiling tier
+    failed on it first, it ran interpreted all the same (docs/streaming-performance.md,
+    "The validation stage in the interpreter"). Set 8,000 to get the per-operator code
+    back and leave HotSpot's default alone."""
     spark_kafka_connector_version: str | None = None
     """Version of ``spark-sql-kafka-0-10``; default: the installed pyspark's, falling back
     to the newest release that Maven Central has when that one is not published yet."""
