@@ -13,6 +13,7 @@ Everything here is DataFrame in, DataFrame out; no session, no I/O.
 
 from __future__ import annotations
 
+import json
 import operator
 from datetime import datetime, timedelta
 from functools import reduce
@@ -20,7 +21,14 @@ from typing import Literal
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import BooleanType, DoubleType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    BooleanType,
+    DoubleType,
+    IntegerType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from features.events import (
     EPOCH_MILLIS_MAX,
@@ -125,70 +133,170 @@ def _wants_number(spec: FieldSpec) -> bool:
     return spec.kind in ("timestamp", "price", "quantity")
 
 
-def contract_fields_arguments() -> tuple[list[str], list[bool], list[bool], StructType]:
+def contract_fields_arguments() -> tuple[list[str], list[bool], list[bool], str, StructType]:
     """What :data:`CONTRACT_FIELDS_FUNCTION` is registered with: the contract's field names,
-    which of them need their text and which their number, and the struct it returns."""
+    which of them need their text and which their number, the rules it evaluates (JSON,
+    :func:`_java_rules`), and the struct it returns."""
     struct = StructType([StructField("json", BooleanType())])
     for spec in FIELDS:
         struct = (struct.add(f"type_{spec.name}", StringType()).add(f"text_{spec.name}", StringType())
                   .add(f"number_{spec.name}", DoubleType()))
+    struct = struct.add("rule", IntegerType())
     return ([spec.name for spec in FIELDS], [_wants_text(spec) for spec in FIELDS],
-            [_wants_number(spec) for spec in FIELDS], struct)
+            [_wants_number(spec) for spec in FIELDS], _java_rules(), struct)
 
 
-def _field_checks(spec: FieldSpec, now: Column) -> list[tuple[Column, Reason]]:
-    """(condition, reason) pairs for one field, in the Python validator's order.
+Rule = tuple[str, Reason, str | None]
+"""One rule of the contract: its check (a name, see :func:`_condition`), the reason it
+gives, and the field it concerns (``None`` for the record as a whole)."""
 
-    Reads the per-field columns of :func:`with_verdict` (``_t_`` type, ``_s_`` text,
-    ``_n_`` double, ``_num_`` numeric flag, and ``_et`` for the event time), each
-    computed once per record.
-    """
-    typ = _col("t", spec.name)
-    missing = typ.isNull() | (typ == F.lit("VOID"))
-    present = ~missing
-    checks: list[tuple[Column, Reason]] = []
-    if spec.required:
-        checks.append((missing, Reason.MISSING_FIELD))
+JAVA_CHECKS: frozenset[str] = frozenset({
+    "missing", "not_string", "blank", "too_long", "unknown_event_type", "not_string_or_number",
+    "not_number", "price_overflow", "negative_price", "quantity_overflow", "invalid_quantity",
+    "missing_price",
+})
+"""The checks :data:`CONTRACT_FIELDS_FUNCTION` evaluates itself, on the values it read; the
+others (the record's bytes and text, the event time's parse, the Kafka key) stay Spark's."""
 
+
+def _field_rules(spec: FieldSpec) -> list[Rule]:
+    """One field's rules, in the Python validator's order."""
+    checks: list[str] = ["missing"] if spec.required else []
     if spec.kind in ("id", "string", "event_type"):
-        text = _col("s", spec.name)
-        checks.append((present & (typ != F.lit("STRING")), Reason.WRONG_TYPE))
-        checks.append((present & _blank(text), Reason.EMPTY_FIELD))
+        checks += ["not_string", "blank"]
         if spec.max_length is not None:
-            # a text has no more characters than bytes: only one of more bytes than the
-            # limit pays for counting its characters (a scan of the text)
-            too_long = ((F.octet_length(text) > spec.max_length)
-                        & (F.char_length(text) > spec.max_length))
-            checks.append((present & too_long, Reason.FIELD_TOO_LONG))
+            checks.append("too_long")
         if spec.kind == "event_type":
-            checks.append((present & ~text.isin(*EVENT_TYPES), Reason.UNKNOWN_EVENT_TYPE))
-        return checks
+            checks.append("unknown_event_type")
+    elif spec.kind == "timestamp":
+        checks += ["not_string_or_number", "invalid_timestamp", "future_timestamp"]
+    elif spec.kind == "price":
+        checks += ["not_number", "price_overflow", "negative_price"]
+    else:  # quantity
+        checks += ["not_number", "quantity_overflow", "invalid_quantity"]
+    return [(check, _REASONS[check], spec.name) for check in checks]
 
-    is_number = _col("num", spec.name)
-    number = _col("n", spec.name)
+
+_REASONS: dict[str, Reason] = {
+    "empty_payload": Reason.EMPTY_PAYLOAD,
+    "invalid_encoding": Reason.INVALID_ENCODING,
+    "invalid_json": Reason.INVALID_JSON,
+    "not_an_object": Reason.NOT_AN_OBJECT,
+    "missing": Reason.MISSING_FIELD,
+    "not_string": Reason.WRONG_TYPE,
+    "not_string_or_number": Reason.WRONG_TYPE,
+    "not_number": Reason.WRONG_TYPE,
+    "blank": Reason.EMPTY_FIELD,
+    "too_long": Reason.FIELD_TOO_LONG,
+    "unknown_event_type": Reason.UNKNOWN_EVENT_TYPE,
+    "invalid_timestamp": Reason.INVALID_TIMESTAMP,
+    "future_timestamp": Reason.FUTURE_TIMESTAMP,
+    "price_overflow": Reason.NUMERIC_OVERFLOW,
+    "quantity_overflow": Reason.NUMERIC_OVERFLOW,
+    "negative_price": Reason.NEGATIVE_PRICE,
+    "invalid_quantity": Reason.INVALID_QUANTITY,
+    "missing_price": Reason.MISSING_PRICE,
+    "missing_key": Reason.MISSING_KEY,
+    "key_mismatch": Reason.KEY_MISMATCH,
+}
+"""The reason each check gives."""
+
+
+_RECORD_CHECKS = ("empty_payload", "invalid_encoding", "invalid_json", "not_an_object")
+"""The rules of the record as a whole, which come first: its bytes, their text, the JSON."""
+
+
+def contract_rules(check_key: bool = False) -> list[Rule]:
+    """The contract's rules in order: the first that holds is a record's verdict, as in
+    :func:`features.events.validate_event`. One table, which both the Spark expressions
+    (:func:`_condition`) and the contract-fields function evaluate."""
+    rules: list[Rule] = [(check, _REASONS[check], None) for check in _RECORD_CHECKS]
+    for spec in FIELDS:
+        rules += _field_rules(spec)
+    rules.append(("missing_price", Reason.MISSING_PRICE, "price"))
+    if check_key:
+        rules += [("missing_key", Reason.MISSING_KEY, None), ("key_mismatch", Reason.KEY_MISMATCH, None)]
+    return rules
+
+
+def _java_rules() -> str:
+    """The rules as the contract-fields function takes them: each check it evaluates, with
+    its field's position (``null`` for a check it leaves to Spark, which keeps the rules'
+    numbers), and the contract's constants those checks read."""
+    position = {spec.name: i for i, spec in enumerate(FIELDS)}
+    specs = {spec.name: spec for spec in FIELDS}
+    rules = []
+    for check, _reason, name in contract_rules():
+        if check not in JAVA_CHECKS:
+            rules.append(None)
+            continue
+        assert name is not None
+        limit = specs[name].max_length if check == "too_long" else None
+        rules.append({"check": check, "field": position[name], "limit": limit})
+    return json.dumps({
+        "rules": rules,
+        "event_type_field": position["event_type"],
+        "event_types": list(EVENT_TYPES),
+        "priced_event_types": list(PRICED_EVENT_TYPES),
+        "whitespace": WHITESPACE,
+        "price_max": PRICE_MAX,
+        "quantity_max": QUANTITY_MAX,
+    })
+
+
+def _condition(check: str, name: str | None, now: Column, value: Column, key: Column) -> Column:
+    """A rule's condition as a Spark expression, on the columns of :func:`with_verdict`
+    (``_t_`` type, ``_s_`` text, ``_n_`` double, ``_num_`` numeric flag of each field,
+    ``_et`` the event time, ``_utf8``/``_json``/``_obj``/``_closed`` of the record), each
+    computed once per record."""
+    if name is None:
+        record = {
+            "empty_payload": lambda: value.isNull() | (F.length(value) == 0),
+            "invalid_encoding": lambda: ~F.col("_utf8"),
+            # Spark's parser stops after the first complete value ({"a": 1} x parses);
+            # Python's rejects what follows, so an object text must end with its brace
+            "invalid_json": lambda: ~F.col("_json") | (F.col("_obj") & ~F.col("_closed")),
+            "not_an_object": lambda: ~F.col("_obj"),
+            "missing_key": lambda: key.isNull() | (F.octet_length(key) == 0),
+            "key_mismatch": lambda: key != _col("s", "user_id"),
+        }
+        return record[check]()
+    if check == "missing_price":
+        price_type = _col("t", "price")
+        return (_col("s", "event_type").isin(*PRICED_EVENT_TYPES)
+                & (price_type.isNull() | (price_type == "VOID")))
+    spec = next(spec for spec in FIELDS if spec.name == name)
+    typ = _col("t", name)
+    missing = typ.isNull() | (typ == F.lit("VOID"))
+    if check == "missing":
+        return missing
+    present = ~missing
+    text, number, is_number = _col("s", name), _col("n", name), _col("num", name)
     finite = ~(F.isnan(number) | number.isin(float("inf"), float("-inf")))
-
-    if spec.kind == "timestamp":
-        is_string = typ == F.lit("STRING")
-        checks.append((present & ~is_string & ~is_number, Reason.WRONG_TYPE))
-        parsed = F.col("_et")
-        checks.append((present & parsed.isNull(), Reason.INVALID_TIMESTAMP))
+    if check == "too_long":
+        assert spec.max_length is not None
+        # a text has no more characters than bytes: only one of more bytes than the
+        # limit pays for counting its characters (a scan of the text)
+        holds = ((F.octet_length(text) > spec.max_length)
+                 & (F.char_length(text) > spec.max_length))
+    elif check == "future_timestamp":
         # in microseconds since the epoch: the same comparison, where Spark adds an interval
         # to a timestamp through a ZonedDateTime in the session's zone, for every record
-        checks.append(
-            (present & (F.unix_micros(parsed) > F.unix_micros(now) + F.lit(_MAX_FUTURE_MICROS)),
-             Reason.FUTURE_TIMESTAMP)
-        )
-        return checks
-
-    checks.append((present & ~is_number, Reason.WRONG_TYPE))
-    if spec.kind == "price":
-        checks.append((present & (~finite | (number > PRICE_MAX)), Reason.NUMERIC_OVERFLOW))
-        checks.append((present & (number < 0), Reason.NEGATIVE_PRICE))
-    else:  # quantity
-        checks.append((present & (~finite | (F.abs(number) > QUANTITY_MAX)), Reason.NUMERIC_OVERFLOW))
-        checks.append((present & (~_is_integral(number) | (number < 1)), Reason.INVALID_QUANTITY))
-    return checks
+        holds = F.unix_micros(F.col("_et")) > F.unix_micros(now) + F.lit(_MAX_FUTURE_MICROS)
+    else:
+        holds = {
+            "not_string": lambda: typ != F.lit("STRING"),
+            "blank": lambda: _blank(text),
+            "unknown_event_type": lambda: ~text.isin(*EVENT_TYPES),
+            "not_string_or_number": lambda: (typ != F.lit("STRING")) & ~is_number,
+            "invalid_timestamp": lambda: F.col("_et").isNull(),
+            "not_number": lambda: ~is_number,
+            "price_overflow": lambda: ~finite | (number > PRICE_MAX),
+            "negative_price": lambda: number < 0,
+            "quantity_overflow": lambda: ~finite | (F.abs(number) > QUANTITY_MAX),
+            "invalid_quantity": lambda: ~_is_integral(number) | (number < 1),
+        }[check]()
+    return present & holds
 
 
 def _parse_event_time() -> Column:
@@ -231,8 +339,18 @@ def with_verdict(raw: DataFrame, now: Column | datetime | None = None, check_key
     ``spark.sql.codegen.hugeMethodLimit`` at 8,000, :mod:`pipelines.spark`), each
     projection copies every column it passes on. Nine projections carrying eleven
     sub-variants cost about a fifth more CPU than these five. By default the stage runs
-    as one whole-stage method (about 13,000 bytes, which the project's JVMs compile),
-    with no copies between the projections.
+    as one whole-stage method, with no copies between the projections.
+
+    The rules are one table (:func:`contract_rules`). When the contract-fields function
+    reads the fields, it also evaluates the rules it can on what it read (:data:`JAVA_CHECKS`)
+    and gives the first that holds; Spark keeps the record's own rules (a ``CASE`` before
+    it) and the event time's and the key's (the least number that holds, after it). As
+    Spark expressions, those flags were 11,800 of the stage method's 13,500 bytes of
+    bytecode, and the rule number they share became a generated function of 98 arguments:
+    HotSpot's C2 refused the method ("unsupported calling sequence"), C1's profiling tier
+    too ("out of virtual registers"), and where both had tried it stayed in the
+    interpreter, at about three times the CPU. The method is now about 3,300 bytes and
+    every tier compiles it.
 
     Spark's own way to a field's text or number, ``try_variant_get`` of its sub-variant,
     builds a ``Literal`` and a ``Cast`` expression for that one value and reads a fresh
@@ -270,38 +388,32 @@ def with_verdict(raw: DataFrame, now: Column | datetime | None = None, check_key
     parsed, per_field = read(raw, value, text)
     fields = parsed.select("*", *per_field).select("*", _parse_event_time().alias("_et"))
 
-    # the ordered rules; the first that holds is the verdict
-    ordered: list[tuple[Column, Reason, str | None]] = [
-        (value.isNull() | (F.length(value) == 0), Reason.EMPTY_PAYLOAD, None),
-        (~F.col("_utf8"), Reason.INVALID_ENCODING, None),
-        # Spark's parser stops after the first complete value ({"a": 1} x parses);
-        # Python's rejects what follows, so an object text must end with its brace
-        (~F.col("_json") | (F.col("_obj") & ~F.col("_closed")), Reason.INVALID_JSON, None),
-        (~F.col("_obj"), Reason.NOT_AN_OBJECT, None),
-    ]
-    for spec in FIELDS:
-        ordered.extend((cond, reason, spec.name) for cond, reason in _field_checks(spec, now_col))
-    price_type = _col("t", "price")
-    ordered.append(
-        (_col("s", "event_type").isin(*PRICED_EVENT_TYPES)
-         & (price_type.isNull() | (price_type == "VOID")),
-         Reason.MISSING_PRICE, "price")
-    )
-    if check_key:
-        key = F.col("key").cast("string")
-        ordered.append((key.isNull() | (F.octet_length(key) == 0), Reason.MISSING_KEY, None))
-        ordered.append((key != _col("s", "user_id"), Reason.KEY_MISMATCH, None))
-
-    # every rule's condition once, in one projection (Spark evaluates the parts the
-    # rules share, such as a field's type test, once for all of them); then one CASE
-    # over those flags picks the first that holds (in order; null counts as false)
-    flagged = fields.select("*", *[cond.alias(f"_r{number}")
-                                   for number, (cond, _code, _name) in enumerate(ordered, start=1)])
+    key = F.col("key").cast("string") if check_key else F.lit(None).cast("string")
+    rules = contract_rules(check_key)
+    # Spark's share of the rules: all of them, or, when the contract-fields function read
+    # the fields, those it leaves to Spark (it gives the first of its own that holds)
+    in_java = "_rule" in fields.columns
+    spark_rules = [(number, check, name) for number, (check, _code, name) in enumerate(rules, start=1)
+                   if not (in_java and check in JAVA_CHECKS)]
+    # every such rule's condition once, in one projection (Spark evaluates the parts the
+    # rules share, such as a field's type test, once for all of them); then one CASE over
+    # those flags picks the first that holds (in order; null counts as false)
+    flagged = fields.select("*", *[_condition(check, name, now_col, value, key).alias(f"_r{number}")
+                                   for number, check, name in spark_rules])
+    record_level = [number for number, check, _name in spark_rules if check in _RECORD_CHECKS]
     rule: Column | None = None
-    for number in range(1, len(ordered) + 1):
+    for number, _check, _name in spark_rules:
+        if in_java and number not in record_level:
+            continue
         flag = F.col(f"_r{number}")
         rule = F.when(flag, F.lit(number)) if rule is None else rule.when(flag, F.lit(number))
     assert rule is not None
+    if in_java:
+        # past the record's own rules, the first that holds is the least number that does
+        # (``least`` skips nulls): the function's, or one of Spark's after it
+        later = [F.when(F.col(f"_r{number}"), F.lit(number))
+                 for number, _check, _name in spark_rules if number not in record_level]
+        rule = rule.otherwise(F.least(F.col("_rule"), *later))
 
     def pick(values: list[str | None]) -> Column:
         """The value of the rule that failed (``NULL`` when none did)."""
@@ -323,8 +435,8 @@ def with_verdict(raw: DataFrame, now: Column | datetime | None = None, check_key
     assert tuple(typed) == VALID_COLUMNS
     return flagged.select(
         *columns,
-        pick([code.value for _, code, _ in ordered]).alias("reason"),
-        pick([name for _, _, name in ordered]).alias("field"),
+        pick([code.value for _, code, _ in rules]).alias("reason"),
+        pick([name for _, _, name in rules]).alias("field"),
         *[c.alias(n) for n, c in typed.items()],
     )
 
@@ -432,6 +544,8 @@ def _jvm_fields(raw: DataFrame, value: Column, text: Column) -> tuple[DataFrame,
             per_field.append(number.alias(f"_n_{spec.name}"))
         if spec.kind == "quantity":  # the typed column: absent means 1
             per_field.append(F.coalesce(number.try_cast("int"), F.lit(1)).alias("_q"))
+    # the first of the function's own rules that holds (null: none, or not an object)
+    per_field.append(doc.getField("rule").alias("_rule"))
     return parsed, per_field
 
 

@@ -213,7 +213,7 @@ def register_contract_fields(spark: SparkSession, class_name: str | None = None,
     from pipelines.infra.jvm_jar import CONTRACT_FIELDS_CLASS, VALID_UTF8_CLASS
 
     class_name = class_name or CONTRACT_FIELDS_CLASS
-    names, wants_text, wants_number, struct = contract_fields_arguments()
+    names, wants_text, wants_number, rules, struct = contract_fields_arguments()
     gateway = spark.sparkContext._gateway  # type: ignore[attr-defined]
     jvm = gateway.jvm
 
@@ -227,7 +227,7 @@ def register_contract_fields(spark: SparkSession, class_name: str | None = None,
         # py4j names a class it cannot find as a package, which cannot be called
         java_class = reduce(getattr, class_name.split("."), jvm)
         instance = java_class(array(jvm.java.lang.String, names), array(jvm.boolean, wants_text),
-                              array(jvm.boolean, wants_number), one_pass)
+                              array(jvm.boolean, wants_number), rules, one_pass)
         valid_utf8 = reduce(getattr, VALID_UTF8_CLASS.split("."), jvm)()
     except (Py4JError, TypeError) as exc:
         log.warning("the contract-fields class %s is not in this Spark session's JVM (%s): "

@@ -153,6 +153,46 @@ def test_no_whole_stage_method_of_the_validation_runs_interpreted(spark: Any) ->
     assert max(sizes) <= limit and compiled
 
 
+def test_the_validation_stage_is_small_enough_for_every_tier_of_the_jit(spark: Any) -> None:
+    """With the contract-fields function, which evaluates the field rules itself, the
+    validation stage's generated code fits HotSpot's defaults: no method over its 8,000-byte
+    limit (the rules' flags as Spark expressions made it about 13,500, which C1's profiling
+    tier could not compile: "out of virtual registers"), and no generated function of more
+    than 32 arguments (the flags' shared rule number became one of 98, which C2 refuses:
+    "unsupported calling sequence"; with both refusing, the stage ran interpreted). The
+    reader of Spark's own expressions, the fallback without the jar, is still the large one."""
+    import re
+
+    from pyspark.sql import functions as F
+
+    from features.validation import with_verdict
+    from pipelines.spark import HOTSPOT_HUGE_METHOD
+
+    now = datetime(2026, 11, 1, 10, tzinfo=UTC)
+    raw = spark.createDataFrame([(b"u1", b'{"event_id": 7}', "t", 0, 1, now)],
+                                "key binary, value binary, topic string, partition int, "
+                                "offset bigint, timestamp timestamp")
+
+    def stage(reader: str, check_key: bool) -> tuple[int, int]:
+        checked = with_verdict(raw, now=F.col("timestamp"), check_key=check_key,
+                               reader=reader)  # type: ignore[arg-type]
+        assert [(r["reason"], r["field"]) for r in checked.collect()] == [
+            ("wrong_type", "event_id")]
+        stages = checked._jdf.queryExecution().debug().codegenToSeq()
+        size = max(int(stages.apply(i)._3().maxMethodCodeSize()) for i in range(stages.length()))
+        arity = max((len([a for a in m.group(1).split(",") if a.strip()])
+                     for i in range(stages.length())
+                     for m in re.finditer(r"private \w+ \w+\(([^)]*)\)", stages.apply(i)._2())),
+                    default=0)
+        return size, arity
+
+    for check_key in (False, True):
+        size, arity = stage("jvm", check_key)
+        assert size <= HOTSPOT_HUGE_METHOD and arity <= 32, (size, arity)
+    size, arity = stage("variant", False)
+    assert size > HOTSPOT_HUGE_METHOD or arity > 32, "the fallback reader's stage is large"
+
+
 def test_a_streams_validation_is_compiled_once_and_its_batches_keep_their_timestamp(
         make_settings: Any, kafka_broker: Any, redis_client: Any, spark: Any,
         tmp_path: Path) -> None:

@@ -11,6 +11,8 @@ import com.fasterxml.jackson.core.JsonFactory;
 import com.fasterxml.jackson.core.JsonParser;
 import com.fasterxml.jackson.core.JsonToken;
 import com.fasterxml.jackson.core.exc.InputCoercionException;
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
 
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.Expression;
@@ -66,9 +68,20 @@ import scala.runtime.AbstractFunction1;
  * a text is wanted, a duplicate key, a parse error, a very long record) goes through
  * parseJson as before. Building the variant, with its key dictionary, its sort of the
  * fields and its copies, was a third of this function's samples in a profile of the drain.
+ *
+ * <p>The row's last field, {@code rule}, is the number of the first of the contract's rules
+ * that holds among those this evaluates on the values it read (null: none, or the document
+ * is not an object). The rules come from features/validation.py (contract_rules), as JSON:
+ * in order, each a check and its field, or null for one that Spark evaluates (the record's
+ * bytes and text, the event time's parse, the Kafka key), which keeps the numbers. Why here:
+ * as Spark expressions, the rules' flags were most of the validation stage's generated
+ * method (about 11,800 of its 13,500 bytes of bytecode). HotSpot's C2 refused that method,
+ * and its C1 could compile it only without profiling; in some runs it stayed in the
+ * interpreter, at about three times the CPU. A loop over the rules here is a small method
+ * each compiler takes.
  */
 public final class ContractFields implements java.io.Serializable {
-  private static final long serialVersionUID = 2L;
+  private static final long serialVersionUID = 3L;
 
   /** The session function's name, which the query plans show for this object. */
   private String label = "ContractFields";
@@ -88,6 +101,37 @@ public final class ContractFields implements java.io.Serializable {
 
   private final boolean onePass;
 
+  /** The checks a rule may name; see {@link #holds}. */
+  private static final String[] CHECKS = {
+    "missing", "not_string", "blank", "too_long", "unknown_event_type", "not_string_or_number",
+    "not_number", "price_overflow", "negative_price", "quantity_overflow", "invalid_quantity",
+    "missing_price"};
+  private static final int NONE = -1;
+  private static final int MISSING = 0;
+  private static final int NOT_STRING = 1;
+  private static final int BLANK = 2;
+  private static final int TOO_LONG = 3;
+  private static final int UNKNOWN_EVENT_TYPE = 4;
+  private static final int NOT_STRING_OR_NUMBER = 5;
+  private static final int NOT_NUMBER = 6;
+  private static final int PRICE_OVERFLOW = 7;
+  private static final int NEGATIVE_PRICE = 8;
+  private static final int QUANTITY_OVERFLOW = 9;
+  private static final int INVALID_QUANTITY = 10;
+  private static final int MISSING_PRICE = 11;
+
+  /** Per rule, in order: its check (NONE: Spark's), its field's position, its limit. */
+  private final int[] ruleChecks;
+  private final int[] ruleFields;
+  private final int[] ruleLimits;
+  private final int eventTypeField;
+  private final UTF8String[] eventTypes;
+  private final UTF8String[] pricedEventTypes;
+  private final UTF8String[] whitespace;
+  private final UTF8String whitespaceSet;
+  private final double priceMax;
+  private final double quantityMax;
+
   /**
    * The type names, built once: Spark's row holds a string field as a UTF8String, which
    * would otherwise be encoded anew for every record (a UTF8String.fromString per field).
@@ -97,13 +141,17 @@ public final class ContractFields implements java.io.Serializable {
   private static final UTF8String NUMBER = UTF8String.fromString("NUMBER");
   private static final UTF8String OTHER = UTF8String.fromString("OTHER");
 
-  public ContractFields(String[] names, boolean[] wantsText, boolean[] wantsNumber) {
-    this(names, wantsText, wantsNumber, true);
+  public ContractFields(String[] names, boolean[] wantsText, boolean[] wantsNumber,
+      String rules) {
+    this(names, wantsText, wantsNumber, rules, true);
   }
 
-  /** With {@code onePass} false every record goes through parseJson (the tests compare). */
+  /**
+   * {@code rules} as features/validation.py writes them (see the class comment); with
+   * {@code onePass} false every record goes through parseJson (the tests compare).
+   */
   public ContractFields(String[] names, boolean[] wantsText, boolean[] wantsNumber,
-      boolean onePass) {
+      String rules, boolean onePass) {
     this.onePass = onePass;
     if (names.length != wantsText.length || names.length != wantsNumber.length) {
       throw new IllegalArgumentException("one text and one number flag per field name");
@@ -111,6 +159,56 @@ public final class ContractFields implements java.io.Serializable {
     this.names = names.clone();
     this.wantsText = wantsText.clone();
     this.wantsNumber = wantsNumber.clone();
+    JsonNode spec;
+    try {
+      spec = new ObjectMapper().readTree(rules);
+    } catch (IOException e) {
+      throw new IllegalArgumentException("the contract's rules are not JSON: " + e.getMessage(), e);
+    }
+    JsonNode list = spec.path("rules");
+    int n = list.size();
+    ruleChecks = new int[n];
+    ruleFields = new int[n];
+    ruleLimits = new int[n];
+    for (int r = 0; r < n; r++) {
+      JsonNode rule = list.get(r);
+      if (rule.isNull()) {
+        ruleChecks[r] = NONE;
+        continue;
+      }
+      ruleChecks[r] = Arrays.asList(CHECKS).indexOf(rule.path("check").asText());
+      if (ruleChecks[r] < 0) {
+        throw new IllegalArgumentException("unknown check in rule " + (r + 1) + ": " + rule);
+      }
+      ruleFields[r] = field(rule.path("field"), "rule " + (r + 1));
+      ruleLimits[r] = rule.path("limit").asInt(0);
+    }
+    eventTypeField = field(spec.path("event_type_field"), "event_type_field");
+    eventTypes = texts(spec.path("event_types"));
+    pricedEventTypes = texts(spec.path("priced_event_types"));
+    String blanks = spec.path("whitespace").asText();
+    whitespace = new UTF8String[blanks.length()];
+    for (int i = 0; i < blanks.length(); i++) {
+      whitespace[i] = UTF8String.fromString(blanks.substring(i, i + 1));
+    }
+    whitespaceSet = UTF8String.fromString(blanks);
+    priceMax = spec.path("price_max").asDouble();
+    quantityMax = spec.path("quantity_max").asDouble();
+  }
+
+  private int field(JsonNode position, String what) {
+    if (!position.canConvertToInt() || position.asInt() < 0 || position.asInt() >= names.length) {
+      throw new IllegalArgumentException(what + " names no field: " + position);
+    }
+    return position.asInt();
+  }
+
+  private static UTF8String[] texts(JsonNode values) {
+    UTF8String[] out = new UTF8String[values.size()];
+    for (int i = 0; i < out.length; i++) {
+      out[i] = UTF8String.fromString(values.get(i).asText());
+    }
+    return out;
   }
 
   /** On the executor, once per deserialized instance (a task): the lookup and the settings. */
@@ -188,9 +286,9 @@ public final class ContractFields implements java.io.Serializable {
     if (index == null) {
       setUp();
     }
-    Object[] out = new Object[1 + 3 * names.length];
+    Object[] out = new Object[2 + 3 * names.length];
     if (onePass && bytes.length <= FLAT_MAX_BYTES && flatCandidate(bytes) && readFlat(bytes, out)) {
-      return new GenericInternalRow(out);
+      return withRule(out);
     }
     Arrays.fill(out, null);
     Variant doc;
@@ -213,7 +311,84 @@ public final class ContractFields implements java.io.Serializable {
         read(field.value, at, out);
       }
     }
+    return withRule(out);
+  }
+
+  /** The row of an object's fields, with the first of this function's rules that holds. */
+  private InternalRow withRule(Object[] out) {
+    for (int r = 0; r < ruleChecks.length; r++) {
+      if (ruleChecks[r] != NONE && holds(r, out)) {
+        out[out.length - 1] = r + 1;
+        break;
+      }
+    }
     return new GenericInternalRow(out);
+  }
+
+  /**
+   * Whether rule {@code r} holds, as its Spark expression in features/validation.py
+   * (_condition) says: a field that is absent or JSON null is missing, and only a present
+   * field's other rules can hold. A text here is Spark's UTF8String, so its length and its
+   * trim are Spark's (char_length, btrim).
+   */
+  private boolean holds(int r, Object[] out) {
+    int base = 1 + 3 * ruleFields[r];
+    Object type = out[base];
+    if (ruleChecks[r] == MISSING_PRICE) {
+      UTF8String kind = (UTF8String) out[2 + 3 * eventTypeField];
+      return (type == null || type == VOID) && kind != null && among(kind, pricedEventTypes);
+    }
+    if (type == null || type == VOID) {
+      return ruleChecks[r] == MISSING;
+    }
+    UTF8String text = (UTF8String) out[base + 1];
+    Double number = (Double) out[base + 2];
+    switch (ruleChecks[r]) {
+      case NOT_STRING:
+        return type != STRING;
+      case BLANK:
+        return blank(text);
+      case TOO_LONG:
+        return text.numBytes() > ruleLimits[r] && text.numChars() > ruleLimits[r];
+      case UNKNOWN_EVENT_TYPE:
+        return !among(text, eventTypes);
+      case NOT_STRING_OR_NUMBER:
+        return type != STRING && type != NUMBER;
+      case NOT_NUMBER:
+        return type != NUMBER;
+      case PRICE_OVERFLOW:
+        return !Double.isFinite(number) || number > priceMax;
+      case NEGATIVE_PRICE:
+        return number < 0;
+      case QUANTITY_OVERFLOW:
+        return !Double.isFinite(number) || Math.abs(number) > quantityMax;
+      case INVALID_QUANTITY:
+        return number % 1.0 != 0.0 || number < 1;
+      default:  // MISSING, of a present field
+        return false;
+    }
+  }
+
+  /** Empty, or only the contract's whitespace (as Spark's btrim of it leaves nothing). */
+  private boolean blank(UTF8String text) {
+    if (text.numBytes() == 0) {
+      return true;
+    }
+    for (UTF8String blank : whitespace) {
+      if (text.startsWith(blank)) {
+        return text.trim(whitespaceSet).numBytes() == 0;
+      }
+    }
+    return false;
+  }
+
+  private static boolean among(UTF8String text, UTF8String[] values) {
+    for (UTF8String value : values) {
+      if (value.equals(text)) {
+        return true;
+      }
+    }
+    return false;
   }
 
   private void read(Variant value, int at, Object[] out) {
