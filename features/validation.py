@@ -159,24 +159,6 @@ JAVA_CHECKS: frozenset[str] = frozenset({
 others (the record's bytes and text, the event time's parse, the Kafka key) stay Spark's."""
 
 
-def _field_rules(spec: FieldSpec) -> list[Rule]:
-    """One field's rules, in the Python validator's order."""
-    checks: list[str] = ["missing"] if spec.required else []
-    if spec.kind in ("id", "string", "event_type"):
-        checks += ["not_string", "blank"]
-        if spec.max_length is not None:
-            checks.append("too_long")
-        if spec.kind == "event_type":
-            checks.append("unknown_event_type")
-    elif spec.kind == "timestamp":
-        checks += ["not_string_or_number", "invalid_timestamp", "future_timestamp"]
-    elif spec.kind == "price":
-        checks += ["not_number", "price_overflow", "negative_price"]
-    else:  # quantity
-        checks += ["not_number", "quantity_overflow", "invalid_quantity"]
-    return [(check, _REASONS[check], spec.name) for check in checks]
-
-
 _REASONS: dict[str, Reason] = {
     "empty_payload": Reason.EMPTY_PAYLOAD,
     "invalid_encoding": Reason.INVALID_ENCODING,
@@ -200,6 +182,24 @@ _REASONS: dict[str, Reason] = {
     "key_mismatch": Reason.KEY_MISMATCH,
 }
 """The reason each check gives."""
+
+
+def _field_rules(spec: FieldSpec) -> list[Rule]:
+    """One field's rules, in the Python validator's order."""
+    checks: list[str] = ["missing"] if spec.required else []
+    if spec.kind in ("id", "string", "event_type"):
+        checks += ["not_string", "blank"]
+        if spec.max_length is not None:
+            checks.append("too_long")
+        if spec.kind == "event_type":
+            checks.append("unknown_event_type")
+    elif spec.kind == "timestamp":
+        checks += ["not_string_or_number", "invalid_timestamp", "future_timestamp"]
+    elif spec.kind == "price":
+        checks += ["not_number", "price_overflow", "negative_price"]
+    else:  # quantity
+        checks += ["not_number", "quantity_overflow", "invalid_quantity"]
+    return [(check, _REASONS[check], spec.name) for check in checks]
 
 
 _RECORD_CHECKS = ("empty_payload", "invalid_encoding", "invalid_json", "not_an_object")
@@ -389,10 +389,12 @@ def with_verdict(raw: DataFrame, now: Column | datetime | None = None, check_key
     fields = parsed.select("*", *per_field).select("*", _parse_event_time().alias("_et"))
 
     key = F.col("key").cast("string") if check_key else F.lit(None).cast("string")
+    # the function was given contract_rules() without the key's two, which come last: the
+    # numbers it gives are these
     rules = contract_rules(check_key)
     # Spark's share of the rules: all of them, or, when the contract-fields function read
     # the fields, those it leaves to Spark (it gives the first of its own that holds)
-    in_java = "_rule" in fields.columns
+    in_java = read is _jvm_fields
     spark_rules = [(number, check, name) for number, (check, _code, name) in enumerate(rules, start=1)
                    if not (in_java and check in JAVA_CHECKS)]
     # every such rule's condition once, in one projection (Spark evaluates the parts the
