@@ -196,13 +196,15 @@ def register_contract_fields(spark: SparkSession, class_name: str | None = None,
     same jar, :data:`features.validation.VALID_UTF8_FUNCTION`; the validation then reads
     the fields, and checks the bytes, with them. False, with a warning, when the
     session's JVM does not have the class (a session started before, without the jar):
-    the validation then uses Spark's own expressions, to the same verdicts.
+    the validation then uses Spark's own expressions, to the same verdicts. A ``ValueError``
+    when the class refuses the contract's rules (a check it does not know).
 
     ``name`` registers the contract-fields function under another name, and ``one_pass``
     false has it read every record with Spark's parser (the tests compare the two ways)."""
     from functools import reduce
 
-    from py4j.protocol import Py4JError
+    from py4j.protocol import Py4JError, Py4JJavaError
+    from pyspark.errors.exceptions.captured import CapturedException
     from pyspark.sql.types import BooleanType
 
     from features.validation import (
@@ -229,10 +231,18 @@ def register_contract_fields(spark: SparkSession, class_name: str | None = None,
         instance = java_class(array(jvm.java.lang.String, names), array(jvm.boolean, wants_text),
                               array(jvm.boolean, wants_number), rules, one_pass)
         valid_utf8 = reduce(getattr, VALID_UTF8_CLASS.split("."), jvm)()
+    except (Py4JJavaError, CapturedException) as exc:
+        # the class is there and refused what it was given (PySpark raises the Java
+        # exceptions it knows as its own): a rule table it cannot read is a defect of this
+        # version, not a session without the jar, so it is not hidden
+        reason = (exc.java_exception.getMessage() if isinstance(exc, Py4JJavaError)
+                  else str(exc))
+        raise ValueError(f"the contract-fields class {class_name} refused the contract's "
+                         f"rules: {reason}") from None
     except (Py4JError, TypeError) as exc:
-        log.warning("the contract-fields class %s is not in this Spark session's JVM (%s): "
-                    "the validation reads the fields with Spark's own expressions",
-                    class_name, exc)
+        log.warning("the contract-fields class %s is not in this Spark session's JVM, or not "
+                    "in this version (%s): the validation reads the fields with Spark's own "
+                    "expressions", class_name, str(exc).splitlines()[0])
         return False
     jsession = spark._jsparkSession  # type: ignore[attr-defined]
     java_class.register(jsession, name or CONTRACT_FIELDS_FUNCTION, instance,

@@ -159,6 +159,40 @@ def test_a_session_without_the_class_falls_back_with_a_warning(
     assert other.catalog.functionExists(CONTRACT_FIELDS_FUNCTION)
 
 
+def test_a_rule_the_class_does_not_know_is_an_error_naming_it(
+        spark: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule table the Java class cannot read is a defect of the build, not a session
+    without the jar: it is an error that names the check, not a silent, slower fallback."""
+    import json
+
+    import features.validation as validation
+    from features.validation import CONTRACT_FIELDS_FUNCTION
+    from pipelines.spark import register_contract_fields
+
+    names, wants_text, wants_number, rules, struct = validation.contract_fields_arguments()
+    table = json.loads(rules)
+    first = next(i for i, rule in enumerate(table["rules"]) if rule is not None)
+    table["rules"][first] = {**table["rules"][first], "check": "not_a_check"}
+    monkeypatch.setattr(validation, "contract_fields_arguments",
+                        lambda: (names, wants_text, wants_number, json.dumps(table), struct))
+    other = spark.newSession()
+    with pytest.raises(ValueError, match=r'refused the contract.s rules: unknown check '
+                                         rf'"not_a_check" in rule {first + 1}'):
+        register_contract_fields(other)
+    assert not other.catalog.functionExists(CONTRACT_FIELDS_FUNCTION)
+
+
+def _blank_edges() -> list[str]:
+    """Texts at the edges of the blank rule's first look: each whitespace character alone,
+    doubled and before others, the characters just above and below each, non-ASCII ones and
+    Unicode spaces (not blank to Spark's ``btrim``)."""
+    from features.events import WHITESPACE
+
+    return ["", "x", "!", " ", "  ", "\t\n", " x", "x ", "\u00a0", "\u3000", "é", "\x1f", "\x00",
+            *[ch + tail for ch in WHITESPACE for tail in ("", "a", ch, "\u00a0")],
+            *[chr(ord(ch) + step) for ch in WHITESPACE for step in (-1, 1)]]
+
+
 def _edge_records() -> list[bytes]:
     """Records at the edges of what the Java function reads in one pass without building
     Spark's variant (a flat object of strings, numbers and nulls) and what it hands to
@@ -205,6 +239,8 @@ def _edge_records() -> list[bytes]:
                 b"{\x00\x00\x00", b"{\x00\"\x00a\x00\"\x00:\x001\x00}\x00", b"{\x00}", b"{}", b"{",
                 b"{ }", json.dumps({**GOOD, "region": "Zürich ☕ 😀"}, ensure_ascii=False).encode(),
                 json.dumps({**GOOD, "ünï": "ç", "event_type": "vïew"}, ensure_ascii=False).encode()]
+    records += [json.dumps({**GOOD, "user_id": text}, ensure_ascii=ascii).encode()
+                for text in _blank_edges() for ascii in (True, False)]
     return records
 
 
@@ -253,6 +289,7 @@ def test_the_java_function_reads_what_sparks_parser_reads(spark: Any) -> None:
     verdicts = {verdict for verdict, _ in java}
     # the edges reach both outcomes and the parser's own failures
     assert None in verdicts and "invalid_json" in verdicts and "wrong_type:price" in verdicts
+    assert "empty_field:user_id" in verdicts
 
 
 def _utf8_edge_bytes() -> list[bytes | None]:
@@ -307,9 +344,7 @@ def test_the_blank_check_compares_once_before_its_startswith_calls(spark: Any) -
     from features.events import WHITESPACE
     from features.validation import _blank
 
-    texts = ["", "x", "!", " ", "  ", "\t\n", " x", "x ", "\u00a0", "\u3000", "é", "\x1f", "\x00",
-             *[ch + tail for ch in WHITESPACE for tail in ("", "a", ch, "\u00a0")],
-             *[chr(ord(ch) + step) for ch in WHITESPACE for step in (-1, 1)]]
+    texts = _blank_edges()
     frame = spark.createDataFrame([(t,) for t in texts], "text string")
     rows = frame.select("text", _blank(F.col("text")).alias("blank"),
                         (F.length(F.btrim("text", F.lit(WHITESPACE))) == 0).alias("trimmed")).collect()

@@ -38,9 +38,9 @@ def test_the_key_rules_come_last_so_the_functions_numbers_hold_with_them() -> No
 
 
 def test_the_java_class_knows_every_check_it_is_given() -> None:
-    """The class rejects a check it does not know when it is built; its list and
-    ``JAVA_CHECKS`` must name the same checks."""
+    """The class rejects a check it does not know when it is built; its enum of checks
+    and ``JAVA_CHECKS`` must name the same checks."""
     source = _JAVA.read_text()
-    listed = re.search(r"String\[\] CHECKS = \{(.*?)\};", source, re.S)
+    listed = re.search(r"enum Check \{(.*?);", source, re.S)
     assert listed is not None
-    assert set(re.findall(r'"(\w+)"', listed.group(1))) == JAVA_CHECKS
+    assert {name.lower() for name in re.findall(r"\b[A-Z][A-Z_]+\b", listed.group(1))} == JAVA_CHECKS
