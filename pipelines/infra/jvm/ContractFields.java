@@ -91,15 +91,6 @@ public final class ContractFields implements java.io.Serializable {
   private final boolean[] wantsText;
   private final boolean[] wantsNumber;
   private transient HashMap<String, Integer> index;
-  /** The field names, interned as the parser's keys are (a match is then the same object). */
-  private transient String[] interned;
-  /**
-   * Per key position in a record, the field the last record read had there: records of one
-   * producer share an order, so one identity test finds most fields without the map.
-   * Shared by the threads of a task's instance at worst, and only ever a guess: a wrong or
-   * stale entry costs the map lookup it saves, never a wrong field.
-   */
-  private transient int[] order;
   private transient boolean allowDuplicateKeys;
   private transient boolean validateUnicode;
   private transient JsonFactory factory;
@@ -224,17 +215,11 @@ public final class ContractFields implements java.io.Serializable {
   /** On the executor, once per deserialized instance (a task): the lookup and the settings. */
   private void setUp() {
     HashMap<String, Integer> map = new HashMap<>();
-    String[] own = new String[names.length];
     for (int i = 0; i < names.length; i++) {
       // interned, as the parser's field names are: a lookup then ends at the identity test
       // of String.equals instead of comparing the bytes of two copies
-      own[i] = names[i].intern();
-      map.put(own[i], i);
+      map.put(names[i].intern(), i);
     }
-    interned = own;
-    int[] guess = new int[2 * names.length];
-    Arrays.fill(guess, -1);
-    order = guess;
     SQLConf conf = SQLConf.get();
     allowDuplicateKeys = Boolean.parseBoolean(
         conf.getConfString("spark.sql.variant.allowDuplicateKeys", "false"));
@@ -487,9 +472,9 @@ public final class ContractFields implements java.io.Serializable {
           seen = Arrays.copyOf(seen, count * 2);
         }
         seen[count++] = name;
-        int at = position(count - 1, name);
+        Integer at = index.get(name);
         token = parser.nextToken();
-        int base = at < 0 ? -1 : 1 + 3 * at;
+        int base = at == null ? -1 : 1 + 3 * at;
         switch (token) {
           case VALUE_STRING: {
             UTF8String value = plainText(parser, bytes);
@@ -514,7 +499,7 @@ public final class ContractFields implements java.io.Serializable {
           case VALUE_NUMBER_INT:
           case VALUE_NUMBER_FLOAT: {
             double value = numberOf(parser, token);
-            if (at >= 0) {
+            if (at != null) {
               if (wantsText[at]) {
                 return false;  // its text is the variant's JSON of the number
               }
@@ -534,30 +519,6 @@ public final class ContractFields implements java.io.Serializable {
     }
     out[0] = Boolean.TRUE;
     return true;
-  }
-
-  /**
-   * The position of field {@code name}, the {@code k}-th key of its record (-1: not one of
-   * the contract's fields): first the field the last record had there, then the map. Why:
-   * the map's lookup of every key was 2.5 % of the executors' samples in a profile of the
-   * stream's drain.
-   */
-  private int position(int k, String name) {
-    int[] guess = order;
-    if (k < guess.length) {
-      int g = guess[k];
-      if (g >= 0 && interned[g] == name) {
-        return g;
-      }
-    }
-    Integer at = index.get(name);
-    if (at == null) {
-      return -1;
-    }
-    if (k < guess.length) {
-      guess[k] = at;
-    }
-    return at;
   }
 
   /**
