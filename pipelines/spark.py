@@ -242,7 +242,7 @@ def register_contract_fields(spark: SparkSession, class_name: str | None = None,
     except (Py4JError, TypeError) as exc:
         log.warning("the contract-fields class %s is not in this Spark session's JVM, or not "
                     "in this version (%s): the validation reads the fields with Spark's own "
-                    "expressions", class_name, str(exc).splitlines()[0])
+                    "expressions", class_name, str(exc).partition("\n")[0])
         return False
     jsession = spark._jsparkSession  # type: ignore[attr-defined]
     java_class.register(jsession, name or CONTRACT_FIELDS_FUNCTION, instance,
