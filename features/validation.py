@@ -28,6 +28,7 @@ from pyspark.sql.types import (
     StringType,
     StructField,
     StructType,
+    TimestampType,
 )
 
 from features.events import (
@@ -141,7 +142,7 @@ def contract_fields_arguments() -> tuple[list[str], list[bool], list[bool], str,
     for spec in FIELDS:
         struct = (struct.add(f"type_{spec.name}", StringType()).add(f"text_{spec.name}", StringType())
                   .add(f"number_{spec.name}", DoubleType()))
-    struct = struct.add("rule", IntegerType())
+    struct = struct.add("time", TimestampType()).add("rule", IntegerType())
     return ([spec.name for spec in FIELDS], [_wants_text(spec) for spec in FIELDS],
             [_wants_number(spec) for spec in FIELDS], _java_rules(), struct)
 
@@ -241,6 +242,8 @@ def _java_rules() -> str:
         "whitespace": WHITESPACE,
         "price_max": PRICE_MAX,
         "quantity_max": QUANTITY_MAX,
+        "time_field": next(position[spec.name] for spec in FIELDS if spec.kind == "timestamp"),
+        "iso_pattern": ISO_TIMESTAMP_PATTERN,
     })
 
 
@@ -299,10 +302,15 @@ def _condition(check: str, name: str | None, now: Column, value: Column, key: Co
     return present & holds
 
 
-def _parse_event_time() -> Column:
-    """The event time from the ``event_time`` columns: ISO-8601 text or whole epoch millis."""
+def _parse_event_time(iso: Column | None = None) -> Column:
+    """The event time from the ``event_time`` columns: ISO-8601 text or whole epoch millis.
+
+    ``iso``: the text's time when the contract-fields function read it (its ``time``, the
+    same value as the expression here, without Spark's regular expression and its cast's
+    look-up of the offset's zone for every record)."""
     typ, text, millis = _col("t", "event_time"), _col("s", "event_time"), _col("n", "event_time")
-    iso = F.when(text.rlike(ISO_TIMESTAMP_PATTERN), F.try_to_timestamp(text))
+    if iso is None:
+        iso = F.when(text.rlike(ISO_TIMESTAMP_PATTERN), F.try_to_timestamp(text))
     in_range = _is_integral(millis) & (millis >= 0) & (millis <= EPOCH_MILLIS_MAX)
     epoch = F.when(in_range, F.timestamp_millis(millis.cast("bigint")))
     return F.when(typ == F.lit("STRING"), iso).when(_col("num", "event_time"), epoch)
@@ -386,7 +394,8 @@ def with_verdict(raw: DataFrame, now: Column | datetime | None = None, check_key
 
     read = _jvm_fields if _use_jvm(raw, reader) else _variant_fields
     parsed, per_field = read(raw, value, text)
-    fields = parsed.select("*", *per_field).select("*", _parse_event_time().alias("_et"))
+    iso = F.col("_iso") if read is _jvm_fields else None
+    fields = parsed.select("*", *per_field).select("*", _parse_event_time(iso).alias("_et"))
 
     key = F.col("key").cast("string") if check_key else F.lit(None).cast("string")
     # the function was given contract_rules() without the key's two, which come last: the
@@ -546,6 +555,8 @@ def _jvm_fields(raw: DataFrame, value: Column, text: Column) -> tuple[DataFrame,
             per_field.append(number.alias(f"_n_{spec.name}"))
         if spec.kind == "quantity":  # the typed column: absent means 1
             per_field.append(F.coalesce(number.try_cast("int"), F.lit(1)).alias("_q"))
+    # the event time's text as a time (_parse_event_time)
+    per_field.append(doc.getField("time").alias("_iso"))
     # the first of the function's own rules that holds (null: none, or not an object)
     per_field.append(doc.getField("rule").alias("_rule"))
     return parsed, per_field

@@ -193,6 +193,49 @@ def _blank_edges() -> list[str]:
             *[chr(ord(ch) + step) for ch in WHITESPACE for step in (-1, 1)]]
 
 
+def _time_edges() -> list[str]:
+    """Event-time texts at the edges of the contract-fields function's own parse of the
+    common shape (``yyyy-MM-ddTHH:mm:ss``, a fraction of up to six digits, ``Z`` or an
+    offset) and of what it leaves to Spark: every fraction length, both separators, offsets
+    at and past their limits, dates and times that do not exist, the ends of the four-digit
+    years; and texts just off the shape (no seconds, lower-case letters, blanks and line
+    ends around it, signs, other digits), and seeded mutations of them all."""
+    texts = []
+    for separator in ("T", " "):
+        for fraction in ("", ".", *(".123456789"[:n] for n in range(2, 10))):
+            for zone in ("", "Z", "+00:00", "-00:00", "+18:00", "-18:00", "+18:01", "-18:01",
+                         "+14:30", "-12:45", "+05:60", "+23:59", "+0100", "+01", "+1:00",
+                         "z", " Z", "UTC", " UTC", "GMT+01:00", "Europe/Paris"):
+                texts.append(f"2024-05-31{separator}10:11:12{fraction}{zone}")
+    for day in ("2023-02-29", "2024-02-29", "2024-02-30", "2024-00-10", "2024-13-01",
+                "2024-04-31", "2024-01-00", "2024-01-32", "0000-01-01", "9999-12-31",
+                "1969-12-31", "1582-10-10", "1900-02-29", "2000-02-29"):
+        for time in ("00:00:00", "23:59:59.999999", "24:00:00", "23:60:00", "23:59:60"):
+            texts += [f"{day}T{time}Z", f"{day}T{time}", f"{day}T{time}-18:00"]
+    base = "2024-05-31T10:11:12"
+    texts += [base[:16], base[:16] + "Z", base[:16] + "+01:00", base.replace("T", "t"),
+              base + "Z\n", base + "Z\r\n", base + "\n", base + " ", " " + base, base + "\u2028",
+              base + "Z\u0085", "+" + base, "-" + base, "1" + base, base[:5] + "5" + base[7:],
+              base.replace("2024", "\u0662\u0660\u0662\u0664"), base.replace("10", "\uff11\uff10"),
+              "2024-05-31", "10:11:12", "T10:11:12", "Z", "", base + ".Z", base + "Z" * 2]
+    rng = random.Random(13)
+    alphabet = "0123456789-:T .Z+zt\n"
+    mutated = []
+    for _ in range(1500):
+        text = list(rng.choice(texts))
+        for _ in range(rng.choice((1, 1, 2))):
+            at = rng.randrange(len(text) + 1)
+            edit = rng.random()
+            if edit < 0.4 and at < len(text):
+                text[at] = rng.choice(alphabet)
+            elif edit < 0.7 and at < len(text):
+                del text[at]
+            else:
+                text.insert(at, rng.choice(alphabet))
+        mutated.append("".join(text))
+    return texts + mutated
+
+
 def _edge_records() -> list[bytes]:
     """Records at the edges of what the Java function reads in one pass without building
     Spark's variant (a flat object of strings, numbers and nulls) and what it hands to
@@ -241,6 +284,10 @@ def _edge_records() -> list[bytes]:
                 json.dumps({**GOOD, "ünï": "ç", "event_type": "vïew"}, ensure_ascii=False).encode()]
     records += [json.dumps({**GOOD, "user_id": text}, ensure_ascii=ascii).encode()
                 for text in _blank_edges() for ascii in (True, False)]
+    # not the first and last years (0000, 0001, 9999 and their mutations), whose times
+    # Python's datetime cannot hold when collected; the direct test of the parse reads them
+    records += [json.dumps({**GOOD, "event_time": text}).encode() for text in _time_edges()
+                if not text[:4].isdigit() or 1000 <= int(text[:4]) < 9999]
     return records
 
 
@@ -290,6 +337,40 @@ def test_the_java_function_reads_what_sparks_parser_reads(spark: Any) -> None:
     # the edges reach both outcomes and the parser's own failures
     assert None in verdicts and "invalid_json" in verdicts and "wrong_type:price" in verdicts
     assert "empty_field:user_id" in verdicts
+    assert "invalid_timestamp:event_time" in verdicts
+
+
+def test_the_java_event_time_is_sparks_parse_of_the_text(spark: Any) -> None:
+    """The function's ``time`` of an event-time text is what Spark's expression gives
+    (``when(text rlike ISO, try_to_timestamp(text))``), to the microsecond and null alike,
+    on the texts at the edges of its own parse and on seeded mutations of them."""
+    from pyspark.sql import functions as F
+
+    from features.events import ISO_TIMESTAMP_PATTERN
+    from features.validation import CONTRACT_FIELDS_FUNCTION
+
+    texts = _time_edges()
+    values = [json.dumps({**GOOD, "event_time": text}).encode() for text in texts]
+    # repartitioned, so the function runs in Spark's generated code, as in the stream
+    frame = spark.createDataFrame(list(enumerate(values)), "i long, value binary").repartition(2)
+    doc = F.call_function(CONTRACT_FIELDS_FUNCTION, "value")
+    text = doc.getField("text_event_time")
+    sparks = F.when(text.rlike(ISO_TIMESTAMP_PATTERN), F.try_to_timestamp(text))
+    rows = frame.select("i", F.unix_micros(doc.getField("time")).alias("java"),
+                        F.unix_micros(sparks).alias("spark")).orderBy("i").collect()
+    assert len(rows) == len(texts)
+    differ = [(texts[row["i"]], row["java"], row["spark"]) for row in rows
+              if row["java"] != row["spark"]]
+    assert not differ, f"{len(differ)} texts differ, e.g. {differ[:3]}"
+    by_text = {texts[row["i"]]: row["java"] for row in rows}
+    # the common shape's values, and the null of a date, a time or an offset that is not
+    assert by_text["2024-05-31T10:11:12.123456Z"] == 1_717_150_272_123_456
+    assert by_text["2024-05-31T10:11:12.1-18:00"] == 1_717_150_272_100_000 + 18 * 3_600_000_000
+    assert by_text["2024-05-31T10:11:12+05:60"] is None
+    assert by_text["2023-02-29T00:00:00Z"] is None and by_text["2024-02-29T00:00:00Z"] is not None
+    # the texts off the shape reach Spark's own parse: a line end after the zone is read there
+    assert by_text["2024-05-31T10:11:12Z\n"] == 1_717_150_272_000_000
+    assert by_text["2024-05-31T10:11Z"] is None and by_text["2024-05-31T10:11"] is not None
 
 
 def _utf8_edge_bytes() -> list[bytes | None]:
