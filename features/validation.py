@@ -157,7 +157,8 @@ JAVA_CHECKS: frozenset[str] = frozenset({
     "missing_price",
 })
 """The checks :data:`CONTRACT_FIELDS_FUNCTION` evaluates itself, on the values it read; the
-others (the record's bytes and text, the event time's parse, the Kafka key) stay Spark's."""
+others (the record's bytes and text, the event time's two, which read the time the function
+gives, and the Kafka key's) stay Spark's."""
 
 
 _REASONS: dict[str, Reason] = {

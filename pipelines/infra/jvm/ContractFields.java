@@ -85,12 +85,12 @@ import scala.runtime.AbstractFunction1;
  * that holds among those this evaluates on the values it read (null: none, or the document
  * is not an object). The rules come from features/validation.py (contract_rules), as JSON:
  * in order, each a check and its field, or null for one that Spark evaluates (the record's
- * bytes and text, the event time's parse, the Kafka key), which keeps the numbers. Why here:
- * as Spark expressions, the rules' flags were most of the validation stage's generated
- * method (about 11,800 of its 13,500 bytes of bytecode). HotSpot's C2 refused that method,
- * and its C1 could compile it only without profiling; in some runs it stayed in the
- * interpreter, at about three times the CPU. A loop over the rules here is a small method
- * each compiler takes.
+ * bytes and text, the event time's, which read the time this gives, the Kafka key), which
+ * keeps the numbers. Why here: as Spark expressions, the rules' flags were most of the
+ * validation stage's generated method (about 11,800 of its 13,500 bytes of bytecode).
+ * HotSpot's C2 refused that method, and its C1 could compile it only without profiling; in
+ * some runs it stayed in the interpreter, at about three times the CPU. A loop over the
+ * rules here is a small method each compiler takes.
  */
 public final class ContractFields implements java.io.Serializable {
   private static final long serialVersionUID = 4L;
