@@ -215,9 +215,10 @@ public final class ContractFields implements java.io.Serializable {
     JsonNode time = spec.path("time_field");
     timeField = time.isMissingNode() || time.isNull() ? -1 : field(time, "time_field");
     isoPattern = spec.path("iso_pattern").asText();
-    if (timeField >= 0) {
-      Pattern.compile(isoPattern);  // a pattern Java cannot read is the table's error, here
+    if (timeField >= 0 && isoPattern.isEmpty()) {
+      throw new IllegalArgumentException("time_field needs the iso_pattern its texts match");
     }
+    Pattern.compile(isoPattern);  // a pattern Java cannot read is the table's error, here
   }
 
   private int field(JsonNode position, String what) {
@@ -374,7 +375,7 @@ public final class ContractFields implements java.io.Serializable {
    * lower-case letter, blanks around it, more digits) takes Spark's own way: the pattern,
    * then {@code DateTimeUtils.stringToTimestamp} in the session's zone.
    */
-  Long isoTime(UTF8String text) {
+  private Long isoTime(UTF8String text) {
     int n = text.numBytes();
     if (n >= 19 && digits(text, 0, 4) && text.getByte(4) == '-' && digits(text, 5, 2)
         && text.getByte(7) == '-' && digits(text, 8, 2)
