@@ -62,8 +62,8 @@ from pipelines.spark import STREAM_POOL, inheriting, scheduler_pool
 from pipelines.stream_metrics import BatchStats, MetricsRecorder, ProgressListener, caught_up_of
 from pipelines.stream_state import BatchLog, BatchRecord, release, spilled_bytes
 from pipelines.streaming.dedup import (
-    NEW_GROUP_KEY,
-    GroupKey,
+    NEW_LAYOUT,
+    StateLayout,
     check_checkpoint,
     dedup_key,
     dedup_watermark_delay,
@@ -80,6 +80,7 @@ if TYPE_CHECKING:
 __all__ = [
     "QUERY_NAME",
     "RAW_COLUMNS",
+    "PLAIN_EVENT_COLUMNS",
     "StreamOptions",
     "query_checkpoint",
     "read_kafka",
@@ -114,6 +115,16 @@ _EVENT_COLUMNS: tuple[str, ...] = (
     "event_id", "event_type", "event_time", "user_id", "session_id", "item_id", "category_id",
     "region", "price", "quantity", "device",
 )
+PLAIN_EVENT_COLUMNS: tuple[str, ...] = ("event_id", "event_time", "session_id")
+"""The raw events' columns written without a Parquet dictionary: nearly every value is new
+within a batch (each event's id and time; a session has a few events), so Parquet hashed
+each value into its dictionary only to drop it, at the end of the first page (the id, the
+time) or once it outgrew its limit (the session: a drain's files held a third of their
+rows' sessions as distinct values, their dictionary given up part way). The files read the
+same and are no larger. Written alone, the drain's 2.94M events (alternating in one process,
+eight rounds): the three plain 7.45 s of the JVM's CPU (median), the id alone 7.81 s,
+lower in every round after the first, which warmed the JVM; before that, the id alone against none:
+2.84-3.24 s against 2.97-3.42 s (6M rows of three text columns)."""
 _BATCH_COLUMNS: tuple[str, ...] = (
     *RAW_COLUMNS, "ingest_time", "reason", "field", "event_id", "event_type", "event_time",
     "user_id", "session_id", "item_id", "category_id", "region", "price", "quantity", "device",
@@ -192,7 +203,7 @@ def read_kafka(spark: SparkSession, settings: Settings) -> DataFrame:
 
 # -------------------------------------------------------------- transform
 def checked_records(raw: DataFrame, settings: Settings,
-                    dedup_group: GroupKey = NEW_GROUP_KEY) -> DataFrame:
+                    dedup_layout: StateLayout = NEW_LAYOUT) -> DataFrame:
     """Raw Kafka rows -> one row per record with its verdict, deduplicated by (event_id, event_time).
 
     * the future-timestamp rule compares ``event_time`` with the record's Kafka
@@ -204,14 +215,14 @@ def checked_records(raw: DataFrame, settings: Settings,
     * valid records are deduplicated by ``event_id`` and ``event_time`` (a copy of an
       event carries both; invalid ones by their Kafka coordinates, i.e. never), for
       ``stream_dedup_retention_seconds`` of processing time, by the operator
-      ``stream_dedup`` names (:mod:`pipelines.streaming.dedup`; ``dedup_group``: the
-      type of its groups the checkpoint holds, :func:`~pipelines.streaming.dedup.check_checkpoint`).
+      ``stream_dedup`` names (:mod:`pipelines.streaming.dedup`; ``dedup_layout``: the
+      state layout the checkpoint holds, :func:`~pipelines.streaming.dedup.check_checkpoint`).
     """
     from pyspark.sql import functions as F
 
     checked = with_verdict(stamped(raw, settings, RAW_COLUMNS), now=F.col("timestamp"),
                            check_key=settings.stream_check_key)
-    return deduplicated(checked, settings, dedup_group)
+    return deduplicated(checked, settings, dedup_layout)
 
 
 def _epoch_us(ts: datetime) -> int:
@@ -257,17 +268,15 @@ def _batch_literal(batch_id: int) -> Column:
 def write_events_batch(events: DataFrame, settings: Settings, batch_id: int) -> None:
     """Valid on-time events of one batch -> ``events/event_date=/event_hour=/batch_id=``.
 
-    ``event_id`` is written without a dictionary: every value is new, so Parquet hashed
-    each id into its dictionary only to find, at the end of the first page, that the
-    dictionary did not pay and write the page plain. The files are the same; the write
-    takes less CPU (6M rows of three text columns, alternating: 2.84-3.24 s of the JVM's
-    CPU against 2.97-3.42 s)."""
+    The columns of :data:`PLAIN_EVENT_COLUMNS` are written without a dictionary (see
+    there); the others keep Parquet's."""
     offline_store.configure_parquet(events.sparkSession)
     rows = offline_store.with_event_partitions(events).withColumn(BATCH_COLUMN,
                                                                   _batch_literal(batch_id))
-    (rows.write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
-     .option("parquet.enable.dictionary#event_id", "false")
-     .partitionBy(*offline_store.EVENT_PARTITION_COLUMNS, BATCH_COLUMN)
+    writer = rows.write.mode("overwrite").option("partitionOverwriteMode", "dynamic")
+    for column in PLAIN_EVENT_COLUMNS:
+        writer = writer.option(f"parquet.enable.dictionary#{column}", "false")
+    (writer.partitionBy(*offline_store.EVENT_PARTITION_COLUMNS, BATCH_COLUMN)
      .parquet(offline_store.events_path(settings)))
 
 
@@ -631,8 +640,8 @@ def start_stream(spark: SparkSession, settings: Settings, options: StreamOptions
     """
     checkpoint = query_checkpoint(settings)
     check_checkpoint_topic(spark, checkpoint, settings)
-    dedup_group = check_checkpoint(spark, checkpoint, settings)
-    records = checked_records(read_kafka(spark, settings), settings, dedup_group)
+    dedup_layout = check_checkpoint(spark, checkpoint, settings)
+    records = checked_records(read_kafka(spark, settings), settings, dedup_layout)
     if processor is None:
         processor = BatchProcessor(settings, checkpoint, recorder, online=options.online,
                                    snapshots=options.snapshots)

@@ -150,7 +150,8 @@ class BatchMetrics:
     figure that says when ``stream_dedup_retention_seconds`` costs more than it should.
     The ``bucketed`` operator's grows with the ids that expire."""
     state_rows_removed: int = 0
-    """Ids expired from the dedup state by this batch."""
+    """State rows expired from the dedup state by this batch, as Spark counts them (an id
+    each with Spark's operator)."""
     spilled_bytes: int = 0
     """Bytes of the batch's in-memory copy written to disk instead (:class:`BatchStats`):
     each sink then reads them back and deserializes them, so a batch too large for the
@@ -375,7 +376,7 @@ def prometheus_text(m: BatchMetrics, totals: Totals, heartbeat: datetime | None 
         metric("state_task_seconds", "gauge",
                "Task time of the latest batch's dedup: update (its rows, with the stage's "
                "shuffle read and in-memory copy), evict (a pass over every state row).", state)
-    metric("state_rows_removed", "gauge", "Ids the latest batch expired from the dedup state.",
+    metric("state_rows_removed", "gauge", "State rows the latest batch expired from the dedup state.",
            [("", m.state_rows_removed)])
     metric("batch_spilled_bytes", "gauge",
            "Bytes of the latest batch's in-memory copy that went to disk (driver memory too "

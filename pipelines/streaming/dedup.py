@@ -7,9 +7,11 @@ Two operators can keep the ids (``stream_dedup``):
 
 * ``bucketed`` (the default): shopstream's ``EventDedup`` (a Java ``StatefulProcessor``
   for Spark's ``transformWithState``, built into shopstream's jar,
-  :mod:`pipelines.infra.jvm_jar`). Ids are grouped by a minute of their event time and a
-  shard of their id; each group expires as a whole through a timer, so a batch reads
-  only the groups that are due. Its cost per batch follows the batch, not the state.
+  :mod:`pipelines.infra.jvm_jar`). Ids are grouped by a few seconds of their event time
+  and a shard of their id; a group's ids are one list in the state, read once and
+  appended to once by a batch that touches the group, and each group expires as a whole
+  through a timer, so a batch reads only the groups that are due. Its cost per batch
+  follows the batch, not the state (:data:`StateLayout` for checkpoints started before).
 * ``spark``: Spark's ``dropDuplicatesWithinWatermark``, which reads every id in the state
   every micro-batch to find the expired ones, so its cost grows with rate x retention
   (docs/streaming-performance.md, "The dedup at a steady state").
@@ -31,9 +33,11 @@ if TYPE_CHECKING:
 __all__ = [
     "BUCKET_SECONDS",
     "SHARDS",
-    "NEW_GROUP_KEY",
+    "LIST_BUCKET_SECONDS",
+    "LIST_SHARDS",
+    "NEW_LAYOUT",
     "DedupSettingError",
-    "GroupKey",
+    "StateLayout",
     "check_checkpoint",
     "dedup_key",
     "dedup_watermark_delay",
@@ -45,23 +49,37 @@ __all__ = [
 DEDUP_KEY = "_dedup_key"
 _GROUP = "_dedup_group"
 BUCKET_SECONDS = 60
-"""Event-time width of a ``bucketed`` group: a copy falls in its original's bucket, since
-it has the same event time. Part of the checkpoint's state, like :data:`SHARDS`."""
+"""Event-time width of a group in the ``bigint`` and ``string`` layouts: a copy falls in
+its original's bucket, since it has the same event time. Part of the checkpoint's state,
+like :data:`SHARDS`."""
 SHARDS = 64
-"""Groups per bucket, by a hash of the id: enough to spread a minute's ids over the
-shuffle's partitions. Changing it (or the bucket) sends a copy to another group than
-its original, so it is a constant, not a setting: a new value needs a new checkpoint."""
-GroupKey = Literal["bigint", "string"]
-"""The type of a ``bucketed`` group, part of the checkpoint's state. ``bigint``: the minute
-times :data:`SHARDS` plus the shard, and negative for the records that are never copies
-(``EventDedup`` keeps no state for them). ``string``: ``<minute>/<shard>`` and ``k/<n>``,
-as checkpoints started before the number kept them; they resume with it."""
-NEW_GROUP_KEY: GroupKey = "bigint"
-"""The group type a new checkpoint starts with. A number because ``transformWithState``
+"""Groups per bucket in those layouts, by a hash of the id: enough to spread a minute's ids
+over the shuffle's partitions. Changing it (or the bucket) sends a copy to another group
+than its original, so it is a constant, not a setting: a new value needs a new checkpoint."""
+LIST_BUCKET_SECONDS = 5
+"""Event-time width of a group in the ``lists`` layout. A batch reads the list of every
+group it touches whole, so a live batch reads about this many seconds of ids per bucket it
+touches (at 2,000 events/s, 10,000; a minute's were 120,000), while a drain's batch of a
+million records, some 17 minutes of event time at 1,000 events/s, touches about 6,400
+groups, one read and one append each instead of a million of each."""
+LIST_SHARDS = 32
+"""Groups per bucket in the ``lists`` layout (see :data:`SHARDS`)."""
+StateLayout = Literal["lists", "bigint", "string"]
+"""How a ``bucketed`` checkpoint keeps its ids, part of its state. ``lists``: a group is a
+:data:`LIST_BUCKET_SECONDS` bucket times :data:`LIST_SHARDS` plus the shard (negative for
+the records that are never copies: ``EventDedup`` keeps no state for them), its ids one
+``ListState``. ``bigint``: a minute times :data:`SHARDS` plus the shard, its ids a
+``MapState`` of id to true, as checkpoints started before the lists kept them; ``string``:
+those groups as ``<minute>/<shard>`` and ``k/<n>``, as checkpoints started before the
+numbers kept them. A checkpoint resumes with its layout."""
+NEW_LAYOUT: StateLayout = "lists"
+"""The layout a new checkpoint starts with. Lists because a map costs two RocksDB calls
+through JNI per record (``containsKey``, ``updateValue``), over half of the read phase's CPU;
+a list, one read and one append per group a batch touches (docs/streaming-performance.md,
+"The dedup's ids as lists"). Groups are numbers because ``transformWithState``
 sorts each batch by its group: a long sorts whole by its 8-byte prefix (a radix sort),
 where a string's prefix (its first 8 bytes, all one minute's) left most comparisons to the
-full row comparator. The sort took about half of the operator's task time with strings, a
-quarter with numbers (docs/streaming-performance.md, "A dedup that expires by the
+full row comparator (docs/streaming-performance.md, "A dedup that expires by the
 bucket")."""
 
 
@@ -131,10 +149,10 @@ def stamped(raw: DataFrame, settings: Settings, columns: tuple[str, ...]) -> Dat
 
 
 def deduplicated(checked: DataFrame, settings: Settings,
-                 group_key: GroupKey = NEW_GROUP_KEY) -> DataFrame:
+                 layout: StateLayout = NEW_LAYOUT) -> DataFrame:
     """``checked`` (rows of :func:`stamped` with their verdict) without the copies, by the
-    operator ``stream_dedup`` names; the same columns. ``group_key``: the ``bucketed``
-    operator's group type, the one its checkpoint holds (:func:`check_checkpoint`)."""
+    operator ``stream_dedup`` names; the same columns. ``layout``: the ``bucketed``
+    operator's state layout, the one its checkpoint holds (:func:`check_checkpoint`)."""
     from pyspark.sql import DataFrame as SparkDataFrame
     from pyspark.sql import functions as F
 
@@ -152,19 +170,22 @@ def deduplicated(checked: DataFrame, settings: Settings,
             "SHOPSTREAM_STREAM_DEDUP=bucketed needs shopstream's jar (its EventDedup class), "
             "which this Spark session does not have: install a JDK (`make setup`) so it is "
             "built, or start a new checkpoint with SHOPSTREAM_STREAM_DEDUP=spark")
-    shard = F.pmod(F.xxhash64(F.col("event_id")), F.lit(SHARDS))
-    bucket = F.floor(F.unix_seconds(F.col("event_time")) / BUCKET_SECONDS)
-    invalid_shard = F.pmod(F.col("offset"), F.lit(SHARDS))
-    if group_key == "string":
+    seconds, shards = (LIST_BUCKET_SECONDS, LIST_SHARDS) if layout == "lists" else (
+        BUCKET_SECONDS, SHARDS)
+    shard = F.pmod(F.xxhash64(F.col("event_id")), F.lit(shards))
+    bucket = F.floor(F.unix_seconds(F.col("event_time")) / seconds)
+    invalid_shard = F.pmod(F.col("offset"), F.lit(shards))
+    if layout == "string":
         group = F.when(valid, F.concat(bucket.cast("string"), F.lit("/"), shard.cast("string"))
                        ).otherwise(F.concat(F.lit("k/"), invalid_shard.cast("string")))
     else:
-        group = F.when(valid, bucket * SHARDS + shard).otherwise(-1 - invalid_shard)
+        group = F.when(valid, bucket * shards + shard).otherwise(-1 - invalid_shard)
         group = group.cast("bigint")
     grouped = keyed.withColumn(_GROUP, group)
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
     jdf = jvm.shopstream.EventDedup.apply(
-        grouped._jdf, DEDUP_KEY, _GROUP, settings.stream_dedup_retention_seconds * 1000)
+        grouped._jdf, DEDUP_KEY, _GROUP, settings.stream_dedup_retention_seconds * 1000,
+        layout == "lists")
     return SparkDataFrame(jdf, spark).drop(_GROUP)
 
 
@@ -175,14 +196,14 @@ def _has_event_dedup(spark: object) -> bool:
     return session_has_class(spark, EVENT_DEDUP_CLASS)
 
 
-def check_checkpoint(spark: object, checkpoint: str, settings: Settings) -> GroupKey:
+def check_checkpoint(spark: object, checkpoint: str, settings: Settings) -> StateLayout:
     """Refuse to start a query whose checkpoint's dedup state is the other operator's;
-    return the ``bucketed`` operator's group type to run it with (:data:`GroupKey`).
+    return the ``bucketed`` operator's state layout to run it with (:data:`StateLayout`).
 
     Spark would otherwise fail the first batch with a state-schema error that does not
     say which setting to change. Reads the operator's metadata that Spark 4 writes in
     ``state/0/_metadata`` (nothing there: a new checkpoint, nothing to check) and, for the
-    ``bucketed`` operator, the group's type in the state's schema (``state/0/_stateSchema``).
+    ``bucketed`` operator, its layout in the state's schema (``state/0/_stateSchema``).
     """
     jvm = spark.sparkContext._jvm  # type: ignore[attr-defined]
     conf = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
@@ -190,20 +211,20 @@ def check_checkpoint(spark: object, checkpoint: str, settings: Settings) -> Grou
     path = jvm.org.apache.hadoop.fs.Path(f"{state}/_metadata")
     fs = path.getFileSystem(conf)
     if not fs.exists(path):
-        return NEW_GROUP_KEY
+        return NEW_LAYOUT
     written = written_operator([status.getPath().getName() for status in fs.listStatus(path)])
     if written is None:
         # a job killed while Spark was writing the first batch's metadata: that batch was
         # never committed and runs again, with this job's operator
-        return NEW_GROUP_KEY
+        return NEW_LAYOUT
     if written != settings.stream_dedup:
         raise DedupSettingError(
             f"the checkpoint {checkpoint} was written with SHOPSTREAM_STREAM_DEDUP={written}; "
             f"this job is set to {settings.stream_dedup}. Set it back to {written}, or start "
             "a new checkpoint (a new SHOPSTREAM_CHECKPOINT_DIR) to change the operator")
     if written == "spark":
-        return NEW_GROUP_KEY
-    return _written_group_key(jvm, fs, f"{state}/_stateSchema/default")
+        return NEW_LAYOUT
+    return _written_layout(jvm, fs, f"{state}/_stateSchema/default")
 
 
 def written_operator(names: list[str]) -> Literal["spark", "bucketed"] | None:
@@ -221,13 +242,16 @@ def written_operator(names: list[str]) -> Literal["spark", "bucketed"] | None:
     return None
 
 
-def _written_group_key(jvm: object, fs: object, schemas: str) -> GroupKey:
-    """The group type in the ``bucketed`` operator's state schema files (Spark writes the
-    key's schema there as JSON, in a binary frame)."""
+def _written_layout(jvm: object, fs: object, schemas: str) -> StateLayout:
+    """The layout in the ``bucketed`` operator's state schema files (Spark writes each state
+    variable's name and the schemas of its key and value there as JSON, in a binary frame):
+    string groups, or a map's key (``userKey``, the ``bigint`` layout), or neither."""
     folder = jvm.org.apache.hadoop.fs.Path(schemas)  # type: ignore[attr-defined]
     if not fs.exists(folder):  # type: ignore[attr-defined]
-        return NEW_GROUP_KEY
+        return NEW_LAYOUT
     string_group = f'"name":"{_GROUP}","type":"string"'.encode()
+    map_key = b'"name":"userKey"'
+    layout: StateLayout = NEW_LAYOUT
     for status in fs.listStatus(folder):  # type: ignore[attr-defined]
         if status.getPath().getName().startswith("."):  # Hadoop's checksums
             continue
@@ -238,4 +262,6 @@ def _written_group_key(jvm: object, fs: object, schemas: str) -> GroupKey:
             stream.close()
         if string_group in schema:
             return "string"
-    return NEW_GROUP_KEY
+        if map_key in schema:
+            layout = "bigint"
+    return layout

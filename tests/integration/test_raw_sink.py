@@ -76,3 +76,40 @@ def test_a_batch_over_more_partitions_than_writers_lands_every_event_once(
     assert sorted(w[0] for w in written) == sorted(f"e{i}" for i in range(40))
     assert all(when == partition for _, when, partition in written), written
     assert len({w[2] for w in written}) > 2 * CONCURRENT_OUTPUT_WRITERS
+
+
+def test_the_ids_times_and_sessions_are_written_without_a_dictionary(
+        spark: Any, make_settings: Any, tmp_path: Path) -> None:
+    """The columns whose values are nearly all new in a batch are written plain (no
+    dictionary page); the others keep their dictionary; every value reads back as written."""
+    import pyarrow.parquet as pq
+
+    from pipelines.stream import PLAIN_EVENT_COLUMNS, write_events_batch
+
+    settings: Settings = make_settings(data_dir=str(tmp_path / "data"))
+    rows = [(f"e{i}", "view", T0 + timedelta(seconds=i), f"u{i % 7}", f"s{i // 3}", f"i{i % 5}",
+             "c1", "UK", 2.5, 1, "web") for i in range(600)]
+    events = spark.createDataFrame(rows, SCHEMA)
+    write_events_batch(events, settings, 1)
+    files = sorted(Path(settings.data_dir).rglob("*.parquet"))
+    assert files
+    dictionary: dict[str, set[bool]] = {}
+    for file in files:
+        group = pq.ParquetFile(file).metadata.row_group(0)
+        for i in range(group.num_columns):
+            column = group.column(i)
+            dictionary.setdefault(column.path_in_schema, set()).add(column.has_dictionary_page)
+    assert {name: dictionary[name] for name in PLAIN_EVENT_COLUMNS} == {
+        name: {False} for name in PLAIN_EVENT_COLUMNS}
+    assert set(PLAIN_EVENT_COLUMNS) == {"event_id", "event_time", "session_id"}
+    for name in ("user_id", "item_id", "event_type", "region", "device"):
+        assert dictionary[name] == {True}, name
+    from pyspark.sql import functions as F
+
+    from pipelines import offline_store
+
+    back = spark.read.parquet(offline_store.events_path(settings)).select(
+        "event_id", F.unix_micros("event_time"), "session_id", "user_id", "price")
+    t0 = int(T0.timestamp()) * 1_000_000
+    assert sorted(tuple(r) for r in back.collect()) == sorted(
+        (f"e{i}", t0 + i * 1_000_000, f"s{i // 3}", f"u{i % 7}", 2.5) for i in range(600))

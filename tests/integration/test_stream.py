@@ -440,8 +440,8 @@ def test_a_checkpoint_keeps_the_dedup_it_was_started_with(
     assert settings.stream_dedup == "bucketed"
     history = run_stream(settings, StreamOptions(stop="available_now"), spark=spark).history
     assert sum(m.input_rows for m in history) == 1
-    # a new checkpoint's groups are numbers
-    assert check_checkpoint(spark, query_checkpoint(settings), settings) == "bigint"
+    # a new checkpoint keeps a group's ids as one list, its groups numbers
+    assert check_checkpoint(spark, query_checkpoint(settings), settings) == "lists"
 
     switched = settings.model_copy(update={"stream_dedup": "spark"})
     with pytest.raises(DedupSettingError, match="written with SHOPSTREAM_STREAM_DEDUP=bucketed"):
@@ -479,32 +479,34 @@ def test_a_job_killed_while_spark_wrote_its_first_state_metadata_restarts(
 
     again = run_stream(settings, StreamOptions(stop="available_now"), spark=spark).history
     assert [(m.batch_id, m.input_rows, m.duplicates_dropped) for m in again] == [(0, 2, 1)]
-    assert check_checkpoint(spark, str(checkpoint), settings) == "bigint"
+    assert check_checkpoint(spark, str(checkpoint), settings) == "lists"
 
 
-def test_a_checkpoint_with_string_dedup_groups_resumes_with_them(
+@pytest.mark.parametrize("layout", ["string", "bigint"])
+def test_a_checkpoint_with_an_older_dedup_layout_resumes_with_it(
     make_settings: Callable[..., Settings], kafka_broker: Any, redis_client: Any, spark: Any,
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str,
 ) -> None:
-    """A checkpoint started before the bucketed dedup's groups were numbers (its state's
-    groups are strings) resumes with string groups: it still catches a copy of an event it
-    read before the upgrade, and keeps the same groups in its state."""
+    """A checkpoint started before the bucketed dedup kept a group's ids as one list (its
+    state's ids are a map; before the groups were numbers, its groups are strings too)
+    resumes with its layout: it still catches a copy of an event it read before the
+    upgrade, and keeps the same state."""
     from pipelines.stream import StreamOptions, query_checkpoint, run_stream
     from pipelines.streaming import dedup
 
-    topic = f"dedup-groups.{tmp_path.name[-20:]}".replace("_", "-")
+    topic = f"dedup-groups.{layout}.{tmp_path.name[-20:]}".replace("_", "-")
     settings = stream_settings(make_settings, tmp_path, topic)
     create_topic(settings, topic)
     now = datetime.now(UTC)
     first = Sent(b"u1", _event("g-1", now, user="u1"), _ms(now))
     produce(settings, [first, Sent(b"u1", b"{not json", _ms(now))])
     with monkeypatch.context() as before_the_upgrade:
-        before_the_upgrade.setattr(dedup, "NEW_GROUP_KEY", "string")
+        before_the_upgrade.setattr(dedup, "NEW_LAYOUT", layout)
         history = run_stream(settings, StreamOptions(stop="available_now"), spark=spark).history
     assert sum(m.input_rows for m in history) == 2
-    assert dedup.NEW_GROUP_KEY == "bigint"
+    assert dedup.NEW_LAYOUT == "lists"
     checkpoint = query_checkpoint(settings)
-    assert dedup.check_checkpoint(spark, checkpoint, settings) == "string"
+    assert dedup.check_checkpoint(spark, checkpoint, settings) == layout
 
     later = now + timedelta(seconds=1)
     produce(settings, [first, Sent(b"u1", _event("g-2", later, user="u1"), _ms(later)),
@@ -513,7 +515,7 @@ def test_a_checkpoint_with_string_dedup_groups_resumes_with_them(
     assert [m.input_rows for m in again] == [3]
     assert again[0].duplicates_dropped == 1
     assert again[0].quarantined == 1
-    assert dedup.check_checkpoint(spark, checkpoint, settings) == "string"
+    assert dedup.check_checkpoint(spark, checkpoint, settings) == layout
 
 
 def _env(settings: Settings) -> dict[str, str]:

@@ -275,6 +275,16 @@ def _edge_records() -> list[bytes]:
         doc = {k: v for k, v in GOOD.items() if k != "price"}
         records.append((json.dumps(doc)[:-1] + f', "price": {number}}}').encode())
     records.append(json.dumps({**GOOD, "event_id": "x" * 5000}).encode())
+    # the contract's keys in other orders, a key of it again after others (first, last, the
+    # one after the first: the key the reader looks for next), and many other keys
+    keys = list(GOOD)
+    records += [json.dumps({k: GOOD[k] for k in order}).encode()
+                for order in (keys[::-1], keys[1:] + keys[:1], keys[::2] + keys[1::2])]
+    for again in (keys[0], keys[1], keys[-1]):
+        records.append((good + f', "extra": 1, {json.dumps(again)}: {json.dumps(GOOD[again])}}}'
+                        ).encode())
+    records.append((good + ", " + ", ".join(f'"x{i}": {i}' for i in range(9)) + "}").encode())
+    records.append((good + ", " + ", ".join(f'"x{i % 6}": {i}' for i in range(9)) + "}").encode())
     records.append(b'{"event_id": "a"} {"event_id": "b"}')
     records.append(b'{"event_id": "a", }')
     whole = json.dumps(GOOD).encode()

@@ -6,6 +6,7 @@ import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Encoders;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.streaming.ExpiredTimerInfo;
+import org.apache.spark.sql.streaming.ListState;
 import org.apache.spark.sql.streaming.MapState;
 import org.apache.spark.sql.streaming.OutputMode;
 import org.apache.spark.sql.streaming.StatefulProcessor;
@@ -34,8 +35,16 @@ import org.apache.spark.sql.types.StructType;
  * read it (longer while its group keeps receiving new ids: late events of an old bucket),
  * and is expired by the first batch at or after its group's time.
  *
- * <p>The group is a long (dedup.py's NEW_GROUP_KEY: transformWithState sorts each batch by
- * it, and a long sorts by its prefix alone), or a string in checkpoints started before.
+ * <p>A group's ids are one ListState (dedup.py's layout {@code lists}): a batch reads the
+ * group's list once into a hash set, filters its rows against it, and appends the new ids
+ * with one call (RocksDB's merge). Why: as a MapState (the {@code bigint} and {@code string}
+ * layouts, which checkpoints started before keep), every record was a containsKey and an
+ * updateValue, a RocksDB get and put through JNI: over half of the read phase's CPU
+ * (docs/streaming-performance.md, "The dedup's ids as lists"). A list is read
+ * whole, so its groups are narrower in time (dedup.py's bucket per layout).
+ *
+ * <p>The group is a long (transformWithState sorts each batch by it, and a long sorts by
+ * its prefix alone), or a string in checkpoints started before.
  * Rows whose group is negative, or starts with {@code k/}, are never duplicates (the
  * invalid records, keyed by their Kafka coordinates): they pass through without state.
  * The batch's time is Spark's (kept in the offset log), so a replayed batch sets the same
@@ -46,28 +55,33 @@ public final class EventDedup<K> extends StatefulProcessor<K, Row, Row> {
 
   private final int keyOrdinal;
   private final long retentionMs;
+  private final boolean lists;
+  /** A group's ids: one list ({@code lists}), or a map of id to true (the older layouts). */
+  private transient ListState<String> ids;
   private transient MapState<String, Boolean> seen;
   private transient ValueState<Long> expiry;
 
-  private EventDedup(int keyOrdinal, long retentionMs) {
+  private EventDedup(int keyOrdinal, long retentionMs, boolean lists) {
     this.keyOrdinal = keyOrdinal;
     this.retentionMs = retentionMs;
+    this.lists = lists;
   }
 
   /** {@code df} without the copies: rows grouped by {@code groupCol} (a long, or a string
-   *  as older checkpoints hold), identified by {@code keyCol} (a string); the result has
+   *  as older checkpoints hold), identified by {@code keyCol} (a string), each group's ids
+   *  kept as one list ({@code lists}) or as a map (the older layouts); the result has
    *  {@code df}'s schema. */
   public static Dataset<Row> apply(Dataset<Row> df, String keyCol, String groupCol,
-                                   long retentionMs) {
+                                   long retentionMs, boolean lists) {
     StructType schema = df.schema();
     int key = schema.fieldIndex(keyCol);
     if (schema.apply(groupCol).dataType() instanceof StringType) {
       return df.groupBy(df.col(groupCol)).as(Encoders.STRING(), Encoders.row(schema))
-          .transformWithState(new EventDedup<String>(key, retentionMs),
+          .transformWithState(new EventDedup<String>(key, retentionMs, lists),
               TimeMode.ProcessingTime(), OutputMode.Append(), Encoders.row(schema));
     }
     return df.groupBy(df.col(groupCol)).as(Encoders.LONG(), Encoders.row(schema))
-        .transformWithState(new EventDedup<Long>(key, retentionMs),
+        .transformWithState(new EventDedup<Long>(key, retentionMs, lists),
             TimeMode.ProcessingTime(), OutputMode.Append(), Encoders.row(schema));
   }
 
@@ -77,8 +91,12 @@ public final class EventDedup<K> extends StatefulProcessor<K, Row, Row> {
 
   @Override
   public void init(OutputMode outputMode, TimeMode timeMode) {
-    seen = getHandle().getMapState("seen", Encoders.STRING(), Encoders.BOOLEAN(),
-        TTLConfig.NONE());
+    if (lists) {
+      ids = getHandle().getListState("ids", Encoders.STRING(), TTLConfig.NONE());
+    } else {
+      seen = getHandle().getMapState("seen", Encoders.STRING(), Encoders.BOOLEAN(),
+          TTLConfig.NONE());
+    }
     expiry = getHandle().getValueState("expiry", Encoders.LONG(), TTLConfig.NONE());
   }
 
@@ -109,18 +127,49 @@ public final class EventDedup<K> extends StatefulProcessor<K, Row, Row> {
         }
       }
 
+      /** {@code lists}: the group's ids (read at the first row), and those this batch adds. */
+      private java.util.HashSet<String> known;
+      private java.util.ArrayList<String> added;
+
+      private boolean isNew(String key) {
+        if (!lists) {
+          if (seen.containsKey(key)) {
+            return false;
+          }
+          seen.updateValue(key, Boolean.TRUE);
+          return true;
+        }
+        if (known == null) {
+          known = new java.util.HashSet<>();
+          added = new java.util.ArrayList<>();
+          scala.collection.Iterator<String> stored = ids.get();
+          while (stored.hasNext()) {
+            known.add(stored.next());
+          }
+        }
+        if (!known.add(key)) {
+          return false;
+        }
+        added.add(key);
+        return true;
+      }
+
       @Override
       public boolean hasNext() {
         while (next == null && rows.hasNext()) {
           Row row = rows.next();
           String key = row.getString(keyOrdinal);
-          if (!seen.containsKey(key)) {
+          if (isNew(key)) {
             if (!armed) {
               arm();
             }
-            seen.updateValue(key, Boolean.TRUE);
             next = row;
           }
+        }
+        if (next == null && added != null && !added.isEmpty()) {
+          // the group's rows are all read: its new ids in one append
+          ids.appendList(added.toArray(new String[0]));
+          added.clear();
         }
         return next != null;
       }
@@ -141,7 +190,11 @@ public final class EventDedup<K> extends StatefulProcessor<K, Row, Row> {
   @Override
   public scala.collection.Iterator<Row> handleExpiredTimer(
       K group, TimerValues timers, ExpiredTimerInfo info) {
-    seen.clear();
+    if (lists) {
+      ids.clear();
+    } else {
+      seen.clear();
+    }
     expiry.clear();
     return scala.collection.Iterator$.MODULE$.empty();
   }
