@@ -230,6 +230,19 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
+def reaped_children_cpu_s(pid: int) -> float:
+    """User and system CPU seconds of a process's children that have exited and been
+    waited for (``cutime``, ``cstime`` in ``/proc``): what :func:`process_tree_cpu_s` no
+    longer sees once a child is gone; 0.0 once the process itself is gone."""
+    import os
+
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
+
+
 def child_pids(pid: int) -> list[int]:
     """The direct children of a process (every thread's, from ``/proc``); none once it is gone."""
     children: list[int] = []

@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,7 @@ from benchmarks.common import (
     process_command,
     process_cpu_s,
     process_tree_cpu_s,
+    reaped_children_cpu_s,
     summarize,
     write_result,
 )
@@ -162,10 +163,12 @@ def _drain(spark: Any, run_settings: Any) -> dict[str, Any]:
     from pipelines.stream import StreamOptions, run_stream
 
     _empty_redis(run_settings)
+    cpu = DrainCpu(run_settings)
     started = time.monotonic()
     recorder = run_stream(run_settings, spark=spark,
                           options=StreamOptions(stop="available_now"))
     wall = time.monotonic() - started
+    cpu_s = cpu.stop()
     batches = list(recorder.history)
     busy = sum(m.batch_duration_ms for m in batches) / 1000
     rows = sum(m.input_rows for m in batches)
@@ -173,11 +176,12 @@ def _drain(spark: Any, run_settings: Any) -> dict[str, Any]:
     _say(f"shopstream stream: {rows:,} events in {len(batches)} batches, {busy:.1f} s busy "
          f"({rows / busy if busy else 0:,.0f}/s; after the first batch "
          f"{f'{warm:,.0f}/s' if warm else 'n/a'}), {wall:.0f} s wall")
+    _say(drain_cpu_note("the drain (shopstream stream)", cpu_s, rows))
     phases = {name: sum(getattr(m, f"{name}_s") or 0.0 for m in batches)
               for name in ("read", "online", "offline")}
     return {"events": rows, "batches": len(batches), "busy_s": busy, "wall_s": wall,
             "events_per_s": rows / busy if busy else 0.0, "warm_events_per_s": warm,
-            "phases": phases,
+            "phases": phases, "cpu_s": cpu_s,
             "series": [(m.batch_id, m.processed_rows_per_second) for m in batches]}
 
 
@@ -421,7 +425,8 @@ class CpuWindow:
         used = {name: process_tree_cpu_s(pid) for name, pid in self.servers.items() if pid}
         used["bench"] = process_cpu_s(os.getpid())
         if in_process_stream:  # the micro-batch stream runs in this process's JVM and workers
-            used["stream"] = process_tree_cpu_s(os.getpid()) - used["bench"]
+            parts = stream_cpu_s(os.getpid(), exclude=set(self.servers.values()))
+            used["stream"] = parts["jvm"] + parts["workers"]
         return used
 
     def start(self, in_process_stream: bool = False) -> None:
@@ -453,6 +458,72 @@ def realtime_cpu_s(driver_pid: int) -> dict[str, float]:
                 "query_jvm" if command.split(" ", 1)[0].endswith("java") else "driver")
         used[part] += process_tree_cpu_s(child)
     return used
+
+
+DRAIN_CPU_PARTS = {
+    "jvm": "its JVM",
+    "workers": "its Python workers",
+    "driver": "its driver's Python (foreachBatch)",
+    "redis": "redis-server",
+    "kafka": "the Kafka broker",
+}
+"""The parts whose CPU a drain reports (:func:`drain_cpu_note`), in the note's order."""
+
+
+def stream_cpu_s(pid: int, exclude: Collection[int] = ()) -> dict[str, float]:
+    """CPU seconds an in-process micro-batch stream has used, by part: the driver's own
+    Python (``pid``: foreachBatch, the top lists, py4j), its JVM (a ``java`` child, with
+    its children but the Python workers) and the Python workers it forks
+    (``pyspark.daemon``, with the workers it has reaped). Children in ``exclude`` (servers
+    this process started: the broker, Redis) and other children of ``pid`` (this
+    benchmark's helpers) are not the stream's.
+
+    Why: a drain's batch is CPU-bound on the 2 cores, and its phases run one after the
+    other, so what to make cheaper is whichever part takes the most CPU per event; the
+    phase times alone mix the JVM's and the workers' share of the online path."""
+    used = {"jvm": 0.0, "workers": 0.0, "driver": process_cpu_s(pid)}
+    todo = [child for child in child_pids(pid) if child not in exclude
+            and process_command(child).split(" ", 1)[0].endswith("java")]
+    while todo:
+        child = todo.pop()
+        command = process_command(child)
+        if not command.split(" ", 1)[0].endswith("java") and "pyspark.daemon" in command:
+            used["workers"] += process_tree_cpu_s(child) + reaped_children_cpu_s(child)
+            continue
+        used["jvm"] += process_cpu_s(child)
+        todo.extend(child_pids(child))
+    return used
+
+
+class DrainCpu:
+    """CPU of each part (:data:`DRAIN_CPU_PARTS`) over one drain of the in-process stream,
+    from ``/proc``: the stream's JVM, its Python workers and its driver, Redis and the
+    broker."""
+
+    def __init__(self, settings: Any) -> None:
+        from pipelines.infra import KafkaBroker, RedisServer
+
+        self.servers = {"kafka": KafkaBroker(settings).process.pid,
+                        "redis": RedisServer(settings).process.pid}
+        self.before = self._now()
+
+    def _now(self) -> dict[str, float]:
+        used = stream_cpu_s(os.getpid(), exclude=set(self.servers.values()))
+        used |= {name: process_tree_cpu_s(pid) for name, pid in self.servers.items() if pid}
+        return used
+
+    def stop(self) -> dict[str, float]:
+        """CPU seconds each part used since this was made."""
+        return {name: cpu - self.before.get(name, 0.0) for name, cpu in self._now().items()}
+
+
+def drain_cpu_note(label: str, cpu_s: dict[str, float], events: int) -> str:
+    """One line: each part's CPU seconds per million events over drains of ``events``."""
+    per = 1e6 / events if events else 0.0
+    parts = [(name, cpu_s[name] * per) for name in DRAIN_CPU_PARTS if name in cpu_s]
+    return (f"{label}: CPU seconds per million events: "
+            + "; ".join(f"{DRAIN_CPU_PARTS[n]} {c:.1f}" for n, c in parts)
+            + f"; together {sum(c for _, c in parts):.1f}")
 
 
 def cpu_note(label: str, cores: dict[str, float]) -> str:
@@ -871,6 +942,13 @@ def main(argv: list[str] | None = None) -> BenchResult:
             f"shopstream's {tp['busy_s']:.1f} s busy, summed over its batches: Kafka read, "
             f"validation and dedup {phases['read']:.1f} s; online path {phases['online']:.1f} s; "
             f"Parquet sinks {phases['offline']:.1f} s (beside the online path)")
+        result.notes.append(drain_cpu_note("shopstream's first drain", tp["cpu_s"], tp["events"]))
+        if ours:
+            later = tps[1:]
+            result.notes.append(drain_cpu_note(
+                "shopstream's sustained drains",
+                {name: sum(r["cpu_s"].get(name, 0.0) for r in later) for name in DRAIN_CPU_PARTS},
+                ours["events"]))
         raw = tp["raw"]
         result.rows.append({"system": "plain Kafka consumer, same topic (read and discard: the raw limit)",
                             "events": raw["events"], "batches": None, "busy_s": raw["seconds"],
@@ -892,10 +970,14 @@ def main(argv: list[str] | None = None) -> BenchResult:
                 for drain in range(times):
                     if times > 1:
                         _say(f"Feast SparkKafkaProcessor: drain {drain + 1} of {times}")
-                    runs.append(run_feast_spark_processor(
+                    cpu = DrainCpu(settings)
+                    run = run_feast_spark_processor(
                         settings, spark, topic=topic, expected_events=count,
                         max_seconds=args.peer_timeout,
-                        workdir=Path(settings.data_dir).resolve().parent))
+                        workdir=Path(settings.data_dir).resolve().parent)
+                    runs.append({**run, "cpu_s": cpu.stop()})
+                    _say(drain_cpu_note("the drain (Feast SparkKafkaProcessor)", runs[-1]["cpu_s"],
+                                        run["events"]))
                 return runs
 
             if cold_events:
@@ -924,6 +1006,15 @@ def main(argv: list[str] | None = None) -> BenchResult:
                                  "busy_s": p.get("busy_s") or p["seconds"]} for p in peers])
             if theirs:
                 result.rows.append(_sustained_row("Feast SparkKafkaProcessor", theirs))
+                their_cpu = {name: sum(p["cpu_s"].get(name, 0.0) for p in peers[1:])
+                             for name in DRAIN_CPU_PARTS}
+                result.notes.append(drain_cpu_note(
+                    "Feast's processor's sustained drains", their_cpu, theirs["events"]))
+                our_cpu = sum(sum(r["cpu_s"].values()) for r in tps[1:])
+                if ours and their_cpu and sum(their_cpu.values()) > 0:
+                    result.ratios["CPU per event over the sustained drains (every part, the "
+                                  "broker and Redis too): shopstream / Feast processor"] = (
+                        (our_cpu / ours["events"]) / (sum(their_cpu.values()) / theirs["events"]))
                 if ours:
                     result.ratios["sustained throughput (the drains after the first): "
                                   "shopstream / Feast processor"] = (

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from benchmarks.streaming_throughput import cpu_note, realtime_cpu_s
+from benchmarks.streaming_throughput import cpu_note, drain_cpu_note, realtime_cpu_s, stream_cpu_s
 
 SPIN_S = 0.4
 # a child that burns SPIN_S of CPU, then waits (a part is counted while it is alive)
@@ -57,3 +57,67 @@ def test_the_note_names_each_part_and_the_sum() -> None:
     assert note.startswith("realtime: CPU over the run's 300 s")
     assert "the Real-time query's JVM 0.72" in note and "the Kafka broker 0.15" in note
     assert note.endswith("together 1.18")
+
+
+@pytest.fixture()
+def stream_driver():
+    """A stand-in for the benchmark's process while it drains the in-process stream: its
+    children are a JVM whose child is the Python workers' daemon (which has reaped one
+    worker that ran and exited), a broker JVM it started (a server: not the stream's) and
+    a helper process of its own. Each spins SPIN_S."""
+    daemon = (
+        "import os, sys, time\n"
+        f"spin = {SPIN!r}\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    exec(spin.replace('time.sleep(60)', ''))\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "exec(spin)\n")
+    # renamed to java, this interpreter finds no compiled modules (subprocess): os alone
+    jvm = (
+        "import os\n"
+        "if os.fork() == 0:\n"
+        f"    os.execv({sys.executable!r}, [{sys.executable!r}, '-c', {daemon!r}, '-m', 'pyspark.daemon'])\n"
+        f"exec({SPIN!r})\n")
+    script = (
+        "import subprocess, sys, time\n"
+        "java = lambda code: subprocess.Popen(['bash', '-c', 'exec -a /usr/lib/jvm/bin/java \"$0\" -c \"$1\"',"
+        " sys.executable, code])\n"
+        f"jvm = java({jvm!r})\n"
+        f"broker = java({SPIN!r})\n"
+        f"helper = subprocess.Popen([sys.executable, '-c', {SPIN!r}])\n"
+        "print(broker.pid, flush=True)\n"
+        "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stdout is not None
+    broker = int(proc.stdout.readline())
+    yield proc, broker
+    import os
+    import signal
+
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_a_drain_counts_the_jvm_and_its_workers_apart_and_not_the_servers(stream_driver) -> None:
+    proc, broker = stream_driver
+    deadline = time.monotonic() + 30
+    used = stream_cpu_s(proc.pid, exclude={broker})
+    while used["jvm"] < SPIN_S * 0.9 or used["workers"] < 2 * SPIN_S * 0.9:
+        assert time.monotonic() < deadline, used
+        time.sleep(0.1)
+        used = stream_cpu_s(proc.pid, exclude={broker})
+    assert SPIN_S * 0.9 <= used["jvm"] < SPIN_S * 2, used  # not the broker's, nor the workers'
+    # the daemon's own spin and the worker it reaped
+    assert 2 * SPIN_S * 0.9 <= used["workers"] < SPIN_S * 3, used
+    assert used["driver"] < SPIN_S, used  # the helper's spin is not the driver's
+
+
+def test_the_drain_note_gives_each_part_per_million_events() -> None:
+    note = drain_cpu_note("drain", {"jvm": 26.0, "workers": 15.0, "driver": 1.0, "redis": 3.0,
+                                    "kafka": 4.0}, 2_000_000)
+    assert note == ("drain: CPU seconds per million events: its JVM 13.0; its Python workers 7.5; "
+                    "its driver's Python (foreachBatch) 0.5; redis-server 1.5; "
+                    "the Kafka broker 2.0; together 24.5")
