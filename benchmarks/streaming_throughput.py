@@ -400,6 +400,15 @@ CPU_PARTS = {
 """The parts whose CPU a freshness run reports (:func:`cpu_note`), in the note's order."""
 
 
+def server_pids(settings: Any) -> dict[str, int | None]:
+    """The pids of the broker and Redis this benchmark started (its children, so they are
+    counted apart from the stream's processes); ``None`` for one not running."""
+    from pipelines.infra import KafkaBroker, RedisServer
+
+    return {"kafka": KafkaBroker(settings).process.pid,
+            "redis": RedisServer(settings).process.pid}
+
+
 class CpuWindow:
     """The CPU each part of a freshness run used, from ``/proc``, in cores (CPU seconds
     per second of the run). Why: on a 2-core machine shared by the query, the feeds, the
@@ -413,10 +422,7 @@ class CpuWindow:
     counts (each child by what its command runs)."""
 
     def __init__(self, settings: Any) -> None:
-        from pipelines.infra import KafkaBroker, RedisServer
-
-        self.servers = {"kafka": KafkaBroker(settings).process.pid,
-                        "redis": RedisServer(settings).process.pid}
+        self.servers = server_pids(settings)
         self.before: dict[str, float] = {}
         self.started = 0.0
         self.cores: dict[str, float] = {}
@@ -501,10 +507,7 @@ class DrainCpu:
     broker."""
 
     def __init__(self, settings: Any) -> None:
-        from pipelines.infra import KafkaBroker, RedisServer
-
-        self.servers = {"kafka": KafkaBroker(settings).process.pid,
-                        "redis": RedisServer(settings).process.pid}
+        self.servers = server_pids(settings)
         self.before = self._now()
 
     def _now(self) -> dict[str, float]:
