@@ -243,14 +243,24 @@ def reaped_children_cpu_s(pid: int) -> float:
     return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
 
 
-def child_pids(pid: int) -> list[int]:
-    """The direct children of a process (every thread's, from ``/proc``); none once it is gone."""
-    children: list[int] = []
+def child_pids(pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """The direct children of a process (every thread's, from ``proc``); none once it is gone.
+
+    A thread that ends while its siblings are read is skipped, not the end of the reading:
+    a JVM starts and ends threads all the time, and a child is listed under the thread that
+    forked it (or, once that thread is gone, under another), so stopping at the first
+    vanished thread lost the children listed after it (a drain's Python workers, once,
+    counted as 0.0 s)."""
     try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            children.extend(int(child) for child in (task / "children").read_text().split())
+        tasks = sorted((proc / str(pid) / "task").iterdir())
     except (FileNotFoundError, ProcessLookupError):
-        pass
+        return []
+    children: list[int] = []
+    for task in tasks:
+        try:
+            children.extend(int(child) for child in (task / "children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
     return children
 
 

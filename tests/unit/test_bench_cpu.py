@@ -121,3 +121,29 @@ def test_the_drain_note_gives_each_part_per_million_events() -> None:
     assert note == ("drain: CPU seconds per million events: its JVM 13.0; its Python workers 7.5; "
                     "its driver's Python (foreachBatch) 0.5; redis-server 1.5; "
                     "the Kafka broker 2.0; together 24.5")
+
+
+def test_children_under_the_threads_after_one_that_ended_are_found(tmp_path) -> None:
+    """A JVM's threads come and go while their children are read: a thread whose
+    ``children`` file is gone (it ended) is skipped, and the children listed under the
+    threads read after it are still found (the reading once stopped there, and a drain's
+    Python workers counted as 0.0 s). A process that is gone has none."""
+    from benchmarks.common import child_pids
+
+    tasks = tmp_path / "100" / "task"
+    for tid, children in (("100", "201 "), ("101", None), ("102", "202 203 "), ("103", "")):
+        (tasks / tid).mkdir(parents=True)
+        if children is not None:
+            (tasks / tid / "children").write_text(children)
+    # the threads are read in order: the one that ended comes before 202 and 203
+    assert sorted(child_pids(100, proc=tmp_path)) == [201, 202, 203]
+    assert child_pids(999, proc=tmp_path) == []
+    # and the real /proc: this process's child
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        import os
+
+        assert proc.pid in child_pids(os.getpid())
+    finally:
+        proc.kill()
+        proc.wait()
