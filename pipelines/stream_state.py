@@ -28,11 +28,12 @@ rows of :func:`features.tiles.keyed_tiles`, the backfill's rules), partitioned b
 and handed to Python as Arrow batches (``mapInArrow``), and each executor
 task, for its keys, pipelined by chunks:
 
-1. reads the stored tiles of its keys with their ``_b`` marker: users and sales
-   keys all of them (one ``HGETALL`` each); items, once a previous clock is known,
-   their ``_base`` (:class:`pipelines.streaming.pyfeatures.ItemBase`: sums over
-   the closed tiles, see the top lists below) and open tiles, then the tiles the
-   base moves over since its last batch (two ``HMGET``);
+1. reads the stored tiles of its keys with their ``_b`` marker: sales keys all
+   of them (one ``HGETALL`` each); users and items, once a previous clock is known,
+   their ``_base`` (:class:`pipelines.streaming.pyfeatures.UserBase`,
+   :class:`~pipelines.streaming.pyfeatures.ItemBase`: the features over the closed
+   tiles, see the top lists below) and open tiles, then the tiles the base moves
+   over since its last batch (two ``HMGET``);
 2. merges this batch's tiles in (:mod:`pipelines.streaming.pyfeatures`: sums, set
    unions, latest-wins) unless the marker says the batch is in already (a replay
    after a crash);
@@ -561,9 +562,30 @@ def _moves(old: Mapping[str, tuple[int, int]] | None, ranges: Mapping[str, tuple
     return add, sub, reset
 
 
-def _rebuilt(tiles: Mapping[int, Mapping[str, Any]], ranges: Mapping[str, tuple[int, int]]
-             ) -> pyf.ItemBase:
-    base = pyf.ItemBase(ranges)
+Base = pyf.ItemBase | pyf.UserBase
+"""The ``_base`` of a user's or an item's tiles."""
+
+
+def _new_base(kind: str, ranges: Mapping[str, tuple[int, int]], cfg: PassConfig) -> Base:
+    if kind == USER:
+        return pyf.UserBase(ranges, last_items_n=cfg.last_items_n)
+    return pyf.ItemBase(ranges)
+
+
+def _stored_base(kind: str, raw: bytes | None, cfg: PassConfig) -> Base | None:
+    """The base as stored, or ``None`` when there is none to move (a key whose tiles
+    were written before it had a base, or a user's kept for another ``last_items_n``)."""
+    if raw is None:
+        return None
+    if kind == USER:
+        base = pyf.UserBase.from_json(raw)
+        return base if base.n == cfg.last_items_n else None
+    return pyf.ItemBase.from_json(raw)
+
+
+def _rebuilt(kind: str, tiles: Mapping[int, Mapping[str, Any]],
+             ranges: Mapping[str, tuple[int, int]], cfg: PassConfig) -> Base:
+    base = _new_base(kind, ranges, cfg)
     for w, (a, b) in ranges.items():
         base.add_all(w, [tiles[start] for start in sorted(t for t in tiles if a <= t < b)])
     return base
@@ -573,10 +595,10 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
             metadata: list[dict[str, Any]], cfg: PassConfig) -> None:
     """Merge, write and finalize per chunk of keys.
 
-    Users and sales keys read all their tiles (a user's are few). Items, once the
-    clock of a previous batch is known, read only their base and open tiles, plus
-    the tiles the base moves over since its last batch (a second round trip, or all
-    tiles when the base must be rebuilt).
+    Sales keys read all their tiles. Users and items, once the clock of a previous
+    batch is known, read only their base and open tiles, plus the tiles the base
+    moves over since its last batch (a second round trip, or all tiles when the base
+    must be rebuilt).
     """
     import redis
 
@@ -590,7 +612,7 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
     client = redis.Redis(**cfg.redis_kwargs)
     try:
         for chunk in _chunks(deltas.items(), _CHUNK):
-            based = [cfg.open_from is not None and kind == ITEM for (kind, _), _ in chunk]
+            based = [cfg.open_from is not None and kind != SALES for (kind, _), _ in chunk]
             names = [tiles_key(kind, key) for (kind, key), _ in chunk]
             reads = CommandBatch(client)
             for name, item in zip(names, based, strict=True):
@@ -600,14 +622,12 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
                     reads.add("HGETALL", name)
             stored = reads.execute()
             # items: the base as stored, and what moving it needs (a second round trip)
-            bases: dict[int, pyf.ItemBase | None] = {}
+            bases: dict[int, Base | None] = {}
             plans: dict[int, Any] = {}
             for i, item in enumerate(based):
                 if not item:
                     continue
-                values = stored[i]
-                raw_base = values[1]
-                base = pyf.ItemBase.from_json(raw_base) if raw_base is not None else None
+                base = _stored_base(chunk[i][0][0], stored[i][1], cfg)
                 plan = _moves(base.ranges if base is not None else None, ranges, cfg.slide)
                 bases[i], plans[i] = base, plan
                 if plan is None:
@@ -636,7 +656,7 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
                         for f in _META_FIELDS:
                             mapping.pop(f, None)
                         every = {int(f): orjson.loads(v) for f, v in mapping.items()}
-                        base = _rebuilt(every, ranges)
+                        base = _rebuilt(kind, every, ranges, cfg)
                         expired = [str(t) for t in every if t <= cutoff]
                     else:
                         (add, sub, reset), moved = plans[i]
@@ -699,13 +719,14 @@ def _update(deltas: Mapping[tuple[str, str], list[dict[str, Any]]],
                             sales_tiles.add(int(start_s))
                     else:
                         dirty.setdefault(kind, []).append(key)
-                if kind == USER:
+                if base is not None:
+                    opened = [tiles[t] for t in sorted(tiles) if t >= ranges[pyf.LONG_WINDOW][1]]
+                    rows = users if kind == USER else items
+                    rows.append(base.finalize(key, opened, as_of, slide_seconds=cfg.slide))
+                elif kind == USER:
                     live = [t for start, t in tiles.items() if start > cutoff]
                     users.append(pyf.finalize_user(key, live, as_of, slide_seconds=cfg.slide,
                                                    last_items_n=cfg.last_items_n))
-                elif kind == ITEM and base is not None:
-                    opened = [tiles[t] for t in sorted(tiles) if t >= ranges[pyf.LONG_WINDOW][1]]
-                    items.append(base.finalize(key, opened, as_of, slide_seconds=cfg.slide))
                 elif kind == ITEM:
                     live = [t for start, t in tiles.items() if start > cutoff]
                     items.append(pyf.finalize_item(key, live, as_of, slide_seconds=cfg.slide))
@@ -900,8 +921,8 @@ class TileStore:
               open_from: int | None = None, run: str = "") -> None:
         """Merge a batch into Redis and write the touched entities' features (one Spark job).
 
-        ``open_from``: :attr:`PassConfig.open_from`; with it, items keep a base over
-        their closed tiles (``None``: every tile is read). ``run``: the checkpoint's
+        ``open_from``: :attr:`PassConfig.open_from`; with it, users and items keep a base
+        over their closed tiles (``None``: every tile is read). ``run``: the checkpoint's
         run id (:attr:`PassConfig.run`).
         """
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))

@@ -55,6 +55,7 @@ __all__ = [
     "finalize_item",
     "ITEM_SUMS",
     "ItemBase",
+    "UserBase",
     "trending_score",
     "sales_units",
     "rank_top_items",
@@ -994,20 +995,15 @@ def _exact(value: float) -> int | Fraction:
     return int(value) if value.is_integer() else Fraction(value)
 
 
-class _User:
-    """One user's tiles and their sums per window as of tile ``since`` (:class:`RunningUsers`)."""
+class _UserSums:
+    """A user's window sums over some of its tiles, exact, so tiles can be taken out again:
+    the counts and spend per window, the long window's category weights and the short
+    window's items viewed, each with the number of tiles holding it
+    (:class:`RunningUsers`' users, :class:`UserBase`)."""
 
-    __slots__ = ("since", "ahead", "touched", "tiles", "ranked", "counts", "spend", "weights",
-                 "items")
+    __slots__ = ("counts", "spend", "weights", "items")
 
-    def __init__(self, since: int, touched: float) -> None:
-        self.since = since
-        self.ahead = False  # holds a tile after ``since`` (in no window yet)
-        self.touched = touched
-        self.tiles: dict[int, Mapping[str, Any]] = {}
-        # per tile, its last-viewed and last-purchased items, latest first: ranked when a
-        # finalize first reads the tile (only the newest few are: it stops at N items)
-        self.ranked: dict[int, tuple[list[str], list[str]]] = {}
+    def __init__(self) -> None:
         self.counts = {w: [0, 0, 0] for w in WINDOW_SECONDS}  # views, carts, purchases
         self.spend: dict[str, int | Fraction] = dict.fromkeys(WINDOW_SECONDS, 0)
         # long window: category -> [exact weight, tiles holding it]
@@ -1126,9 +1122,209 @@ class _User:
                 del items[item]
 
 
+class _User(_UserSums):
+    """One user's tiles and their sums per window as of tile ``since`` (:class:`RunningUsers`)."""
+
+    __slots__ = ("since", "ahead", "touched", "tiles", "ranked")
+
+    def __init__(self, since: int, touched: float) -> None:
+        super().__init__()
+        self.since = since
+        self.ahead = False  # holds a tile after ``since`` (in no window yet)
+        self.touched = touched
+        self.tiles: dict[int, Mapping[str, Any]] = {}
+        # per tile, its last-viewed and last-purchased items, latest first: ranked when a
+        # finalize first reads the tile (only the newest few are: it stops at N items)
+        self.ranked: dict[int, tuple[list[str], list[str]]] = {}
+
+
 _COUNT_COLUMNS = tuple((f"{name}_{w}", w, i) for i, name in enumerate(("views", "carts", "purchases"))
                        for w in WINDOW_SECONDS)
 _SPEND_COLUMNS = tuple((f"spend_{w}", w) for w in WINDOW_SECONDS)
+
+
+def _user_row(user_id: str, sums: _UserSums, distinct_items: int, last_us: int | None,
+              weights: Mapping[str, list[Any]], viewed: list[str], purchased: list[str],
+              as_of: datetime) -> dict[str, Any]:
+    """:func:`finalize_user`'s row from exact sums (:class:`RunningUsers`, :class:`UserBase`)."""
+    row: dict[str, Any] = {"user_id": user_id}
+    counts = sums.counts
+    for column, w, i in _COUNT_COLUMNS:
+        row[column] = counts[w][i]
+    for column, w in _SPEND_COLUMNS:
+        row[column] = float(sums.spend[w])
+    row["distinct_items_viewed_1h"] = distinct_items
+    row["last_event_time"] = from_us(last_us - last_us % 1_000_000) if last_us is not None else None
+    ids, affinity = _affinity(weights)
+    row["top_category"] = ids[0] if ids else None
+    row["category_affinity_ids"] = ids
+    row["category_affinity_weights"] = affinity
+    row["last_viewed_items"] = viewed
+    row["last_purchased_items"] = purchased
+    row["event_timestamp"] = as_of
+    return row
+
+
+def _in_front(items: list[str], start: int, held: list[list[Any]], n: int) -> list[list[Any]]:
+    """The first ``n`` distinct of ``items`` (a newer tile's, tagged with its start) then
+    ``held``'s entries."""
+    out: list[list[Any]] = []
+    seen: set[str] = set()
+    for entry in (*([item, start] for item in items), *held):
+        if entry[0] not in seen:
+            seen.add(entry[0])
+            out.append(entry)
+            if len(out) == n:
+                break
+    return out
+
+
+def _exact_json(value: int | Fraction) -> list[str]:
+    return [str(value.numerator), str(value.denominator)]
+
+
+def _exact_of(doc: list[str]) -> int | Fraction:
+    p, q = int(doc[0]), int(doc[1])
+    return p if q == 1 else Fraction(p, q)
+
+
+class UserBase:
+    """A user's features over each window's *closed* tiles: :class:`ItemBase` for users.
+
+    Why: a batch that touched a user read, decoded and summed every tile of the user's
+    24 hours, so a user active all day (a tile a minute) cost up to 1,440 tiles at each
+    touch, and a live stream's per-key pass grew with every hour it ran. The stream moves
+    the base forward as it moves an item's (:meth:`add` the tiles that closed,
+    :meth:`remove` those that left a window) and a batch reads only the base and the open
+    tiles, plus the tiles the base moves over.
+
+    Sums, category weights and the short window's items viewed are exact
+    (:class:`_UserSums`), so removing leaves no drift. The last event is the newest
+    tile's, the last of the range to leave. The last-items lists keep the first
+    ``last_items_n`` distinct items of the long window's tiles, newest tile first, each
+    with its tile: a tile that closes is newer than every tile of the base, so its items
+    go in front; a tile that leaves is the oldest, so dropping its entries leaves the
+    first distinct items of the rest (when one of them was among those kept, every item
+    of the newer tiles was too). Tiles must be added in start order (the stream does).
+    """
+
+    __slots__ = ("ranges", "n", "sums", "count", "last", "viewed", "purchased")
+
+    def __init__(self, ranges: Mapping[str, tuple[int, int]], *, last_items_n: int) -> None:
+        self.ranges = dict(ranges)
+        self.n = last_items_n
+        self.sums = _UserSums()
+        self.count = dict.fromkeys(WINDOW_SECONDS, 0)
+        self.last: tuple[int, int] | None = None  # (tile start, last event µs) of the newest
+        self.viewed: list[list[Any]] = []  # [item, tile start], latest first
+        self.purchased: list[list[Any]] = []
+
+    def add(self, window: str, tile: Mapping[str, Any], sign: int = 1) -> None:
+        self.sums.add(tile, window, sign)
+        self.count[window] += sign
+        if window != LONG_WINDOW:
+            return
+        start = int(tile["tile_start"])
+        if sign > 0:
+            if self.last is not None and start <= self.last[0]:
+                raise ValueError(f"user tile {start} added after tile {self.last[0]}: "
+                                 "a base takes its tiles in start order")
+            self.last = (start, int(tile["last_event_us"]))
+            viewed, purchased = _ranked_lists(tile)
+            self.viewed = _in_front(viewed, start, self.viewed, self.n)
+            self.purchased = _in_front(purchased, start, self.purchased, self.n)
+        else:
+            self.viewed = [e for e in self.viewed if e[1] != start]
+            self.purchased = [e for e in self.purchased if e[1] != start]
+            if self.count[window] == 0:
+                self.last = None
+
+    def add_all(self, window: str, tiles: list[Mapping[str, Any]]) -> None:
+        """:meth:`add` of each tile, in start order (a rebuild)."""
+        for tile in tiles:
+            self.add(window, tile)
+
+    def remove(self, window: str, tile: Mapping[str, Any]) -> None:
+        self.add(window, tile, -1)
+
+    def reset(self, window: str) -> None:
+        """Empty one window (its whole range is to be added again)."""
+        sums = self.sums
+        sums.counts[window] = [0, 0, 0]
+        sums.spend[window] = 0
+        self.count[window] = 0
+        if window == LONG_WINDOW:
+            sums.weights = {}
+            self.last = None
+            self.viewed, self.purchased = [], []
+        if window == SHORT_WINDOW:
+            sums.items = {}
+
+    def finalize(self, user_id: str, open_tiles: Iterable[Mapping[str, Any]], as_of: datetime,
+                 *, slide_seconds: int) -> dict[str, Any]:
+        """:func:`finalize_user` over the base's tiles plus ``open_tiles`` (those after it,
+        in start order)."""
+        current = tile_of(as_of, slide_seconds)
+        sums = _UserSums()
+        base = self.sums
+        sums.counts = {w: list(c) for w, c in base.counts.items()}
+        sums.spend = dict(base.spend)
+        sums.weights = {c: list(held) for c, held in base.weights.items()}
+        extra: set[str] = set()  # items viewed in the hour's open tiles, not in the base's
+        last = self.last[1] if self.last is not None else None
+        newest: list[Mapping[str, Any]] = []
+        for tile in open_tiles:
+            start = int(tile["tile_start"])
+            if not in_window(start, current, LONG_WINDOW):
+                continue
+            for w in WINDOW_SECONDS:
+                if w != LONG_WINDOW and not in_window(start, current, w):
+                    continue
+                counts = sums.counts[w]
+                counts[0] += int(tile["views"])
+                counts[1] += int(tile["carts"])
+                counts[2] += int(tile["purchases"])
+                spend = float(tile["spend"])
+                if spend:
+                    sums.spend[w] += _exact(spend)
+            sums._add_weights(tile["category_weights"], 1)
+            if in_window(start, current, SHORT_WINDOW):
+                extra.update(i for i in tile["items_viewed"] if i not in base.items)
+            last = int(tile["last_event_us"])
+            newest.append(tile)
+        newest.reverse()
+        ranked = [_ranked_lists(t) for t in newest]
+        n = self.n
+        viewed = _first_distinct((*(r[0] for r in ranked), [e[0] for e in self.viewed]), n)
+        purchased = _first_distinct((*(r[1] for r in ranked), [e[0] for e in self.purchased]), n)
+        return _user_row(user_id, sums, len(base.items) + len(extra), last, sums.weights,
+                         viewed, purchased, as_of)
+
+    def to_json(self) -> bytes:
+        sums = self.sums
+        return orjson.dumps({
+            "r": {w: list(r) for w, r in self.ranges.items()}, "n": self.n, "k": self.count,
+            "c": sums.counts, "s": {w: _exact_json(v) for w, v in sums.spend.items()},
+            "w": {c: [*_exact_json(held[0]), held[1]] for c, held in sums.weights.items()},
+            "i": sums.items, "l": list(self.last) if self.last else None,
+            "v": self.viewed, "p": self.purchased,
+        })
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> UserBase:
+        doc = orjson.loads(raw)
+        base = cls({w: (int(r[0]), int(r[1])) for w, r in doc["r"].items()},
+                   last_items_n=int(doc["n"]))
+        base.count = {w: int(k) for w, k in doc["k"].items()}
+        sums = base.sums
+        sums.counts = {w: [int(x) for x in c] for w, c in doc["c"].items()}
+        sums.spend = {w: _exact_of(v) for w, v in doc["s"].items()}
+        sums.weights = {c: [_exact_of(held[:2]), int(held[2])] for c, held in doc["w"].items()}
+        sums.items = {i: int(k) for i, k in doc["i"].items()}
+        base.last = (int(doc["l"][0]), int(doc["l"][1])) if doc["l"] else None
+        base.viewed = [[e[0], int(e[1])] for e in doc["v"]]
+        base.purchased = [[e[0], int(e[1])] for e in doc["p"]]
+        return base
 
 
 class RunningUsers:
@@ -1218,30 +1414,16 @@ class RunningUsers:
         state = self._users[user]
         current = tile_of(as_of, self.slide)
         self._advance(state, current)
-        row: dict[str, Any] = {"user_id": user}
-        counts = state.counts
-        for column, w, i in _COUNT_COLUMNS:
-            row[column] = counts[w][i]
-        for column, w in _SPEND_COLUMNS:
-            row[column] = float(state.spend[w])
-        row["distinct_items_viewed_1h"] = len(state.items)
         # newest first, only those in the long window (older ones wait for trim)
         floor = current - WINDOW_SECONDS[LONG_WINDOW]
         starts = sorted(state.tiles, reverse=True)
         if starts and (starts[-1] <= floor or starts[0] > current):  # until trim / ahead
             starts = [s for s in starts if floor < s <= current]
         last = int(state.tiles[starts[0]]["last_event_us"]) if starts else None
-        row["last_event_time"] = from_us(last - last % 1_000_000) if last is not None else None
-        ids, weights = _affinity(state.weights)
-        row["top_category"] = ids[0] if ids else None
-        row["category_affinity_ids"] = ids
-        row["category_affinity_weights"] = weights
-        row["last_viewed_items"] = _first_distinct(
-            (self._ranked(state, s)[0] for s in starts), last_items_n)
-        row["last_purchased_items"] = _first_distinct(
-            (self._ranked(state, s)[1] for s in starts), last_items_n)
-        row["event_timestamp"] = as_of
-        return row
+        return _user_row(
+            user, state, len(state.items), last, state.weights,
+            _first_distinct((self._ranked(state, s)[0] for s in starts), last_items_n),
+            _first_distinct((self._ranked(state, s)[1] for s in starts), last_items_n), as_of)
 
     def trim(self, current: int, now: float) -> None:
         """As of the clock's tile ``current``: forget tiles out of every window (and users

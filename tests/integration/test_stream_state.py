@@ -365,16 +365,17 @@ def test_a_new_checkpoints_batches_reach_the_tiles_an_earlier_one_left(
             row["user_id"]
 
 
-def test_items_and_top_lists_over_a_day_of_batches_equal_a_recomputation(
+def test_users_items_and_top_lists_over_a_day_of_batches_equal_a_recomputation(
     make_settings: Callable[..., Settings], redis_client: Any, spark: Any,
 ) -> None:
     """Batches over 32 h, the clock moving by minutes or by hours, each with events down
-    to the allowed lateness before the previous clock: after every batch the item features (a base over the closed tiles
-    plus the open ones) and the top lists equal features.windows over every event so far;
-    tiles that left the 24h window are gone, and a replayed top write changes nothing."""
-    from features.feast_layout import ITEM_STATS
-    from features.tiles import item_tiles, sales_tiles
-    from features.windows import finalize_item_features, finalize_top_items
+    to the allowed lateness before the previous clock: after every batch the user and
+    item features (a base over the closed tiles plus the open ones) and the top lists
+    equal features.windows over every event so far; tiles that left the 24h window are
+    gone, and a replayed top write changes nothing."""
+    from features.feast_layout import ITEM_STATS, USER_ACTIVITY
+    from features.tiles import item_tiles, sales_tiles, user_tiles
+    from features.windows import finalize_item_features, finalize_top_items, finalize_user_features
     from pipelines.connections import redis_kwargs
     from pipelines.stream_state import (
         BASE_FIELD,
@@ -436,8 +437,18 @@ def test_items_and_top_lists_over_a_day_of_batches_equal_a_recomputation(
             _, encoded = ITEM_STATS.encode(row.asDict())
             assert compare_values(ITEM_STATS, online, ITEM_STATS.decode(encoded)) == [], (
                 batch_id, row["item_id"])
+        users = finalize_user_features(user_tiles(every, slide_seconds=60, last_items_n=5), clock,
+                                       slide_seconds=60, last_items_n=5).collect()
+        assert len(users) == 4, batch_id
+        for row in users:
+            online = USER_ACTIVITY.decode(
+                redis_client.hgetall(USER_ACTIVITY.redis_key(row["user_id"])))
+            _, encoded = USER_ACTIVITY.encode(row.asDict())
+            assert compare_values(USER_ACTIVITY, online, USER_ACTIVITY.decode(encoded)) == [], (
+                batch_id, row["user_id"])
         if batch_id > 0:
             assert redis_client.hexists(tiles_key("item", "i0"), BASE_FIELD), batch_id
+            assert redis_client.hexists(tiles_key("user", "u0"), BASE_FIELD), batch_id
         prev_clock_us = clock_us
 
     assert prev_clock_us is not None
@@ -445,6 +456,9 @@ def test_items_and_top_lists_over_a_day_of_batches_equal_a_recomputation(
     item_tiles_left = [int(f) for f in redis_client.hkeys(tiles_key("item", "i0"))
                        if not f.startswith(b"_")]
     assert item_tiles_left and min(item_tiles_left) >= first_kept, sorted(item_tiles_left)[:5]
+    user_tiles_left = [int(f) for f in redis_client.hkeys(tiles_key("user", "u0"))
+                       if not f.startswith(b"_")]
+    assert user_tiles_left and min(user_tiles_left) >= first_kept, sorted(user_tiles_left)[:5]
     per_tile = [int(k.decode().rsplit(":", 1)[1])
                 for k in redis_client.scan_iter(sales_tile_key(0).rsplit(":", 1)[0] + ":*")]
     assert per_tile and min(per_tile) >= first_kept, sorted(per_tile)[:5]

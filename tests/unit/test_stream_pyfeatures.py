@@ -193,6 +193,98 @@ def test_an_item_base_moved_tile_by_tile_finalizes_like_all_tiles() -> None:
     assert got["views_24h"] == 0 and got["revenue_24h"] == 0.0 and got["category_id"] is None
 
 
+def _random_user_tile(rnd: random.Random, t: int) -> dict[str, Any]:
+    """A user tile as the stream stores it: lists ranked latest first and distinct."""
+    def entries(k: int) -> list[dict[str, Any]]:
+        raw = [{"event_us": t * 1_000_000 + rnd.randrange(59_000_000),
+                "item_id": f"i{rnd.randrange(12)}"} for _ in range(k)]
+        return [{"event_us": e["event_us"], "item_id": e["item_id"]}
+                for e in pyf._latest_entries(raw, 4)]
+    viewed = entries(rnd.randrange(4))
+    weights = {f"c{rnd.randrange(5)}": rnd.choice((1.0, 3.0, 5.0, 0.1, 1e6 / 3))
+               for _ in range(rnd.randrange(1, 3))}
+    return {"tile_start": t, "views": len(viewed), "carts": rnd.randrange(3),
+            "purchases": rnd.randrange(2), "spend": rnd.choice((0.0, 0.0, 19.99, 0.1, 1e6 / 3)),
+            "items_viewed": sorted({e["item_id"] for e in viewed}),
+            "category_weights": [{"category_id": c, "weight": w} for c, w in sorted(weights.items())],
+            "last_event_us": max([e["event_us"] for e in viewed], default=t * 1_000_000 + 7),
+            "last_viewed": viewed, "last_purchased": entries(rnd.choice((0, 0, 0, 1, 3)))}
+
+
+def _move_base(base: Any, tiles: dict[int, Any], ranges: dict[str, tuple[int, int]],
+               slide: int) -> None:
+    """What the stream's pass does to a base: per window, add the tiles that closed (in
+    start order), then remove those that left."""
+    for w, (a2, b2) in ranges.items():
+        a, b = base.ranges[w]
+        if a2 >= b:
+            base.reset(w)
+            base.add_all(w, [tiles[t] for t in range(a2, b2, slide) if t in tiles])
+            continue
+        for t in range(b, b2, slide):
+            if t in tiles:
+                base.add(w, tiles[t])
+        for t in range(a, a2, slide):
+            if t in tiles:
+                base.remove(w, tiles[t])
+    base.ranges = ranges
+
+
+def test_a_user_base_moved_tile_by_tile_finalizes_like_all_tiles() -> None:
+    """A day and a half of a busy user's minute tiles, the clock moving forward in uneven
+    steps (some past a whole window): the base (closed tiles, stored as JSON between
+    batches, moved by adding and removing) plus the open tiles gives finalize_user's
+    row at every step -- the sums, the items of the hour, the categories in order, the
+    last event and both last-items lists -- and an empty row once every tile has left."""
+    rnd = random.Random(11)
+    slide, lateness, n = 60, 10, 3
+    start = TILE - 36 * 3600
+    tiles = {start + k * slide: _random_user_tile(rnd, start + k * slide)
+             for k in range(36 * 60) if rnd.random() < 0.5 or k < 5}
+    windows = {w: s // slide for w, s in pyf.WINDOW_SECONDS.items()}
+    base: pyf.UserBase | None = None
+    current = start + 20 * slide
+    steps = 0
+    while current <= start + 36 * 3600 + 26 * 3600:
+        open_from = current - lateness * slide
+        ranges = {w: (current - k * slide + slide, max(current - k * slide + slide, open_from))
+                  for w, k in windows.items()}
+        if base is None:
+            base = pyf.UserBase(ranges, last_items_n=n)
+            for w, (a, b) in ranges.items():
+                base.add_all(w, [tiles[t] for t in range(a, b, slide) if t in tiles])
+        else:
+            _move_base(base, tiles, ranges, slide)
+        base = pyf.UserBase.from_json(base.to_json())  # stored between batches
+        as_of = pyf.from_us(current * 1_000_000 + 5)
+        end_long = ranges[pyf.LONG_WINDOW][1]
+        open_tiles = [tiles[t] for t in range(end_long, current + slide, slide) if t in tiles]
+        got = base.finalize("u", open_tiles, as_of, slide_seconds=slide)
+        want = pyf.finalize_user("u", tiles.values(), as_of, slide_seconds=slide, last_items_n=n)
+        assert list(got) == list(want)
+        for name, value in want.items():
+            if isinstance(value, float):
+                assert got[name] == pytest.approx(value, rel=1e-12, abs=1e-9), (current, name)
+            elif name == "category_affinity_weights":
+                assert got[name] == pytest.approx(value, rel=1e-12), (current, name)
+            else:
+                assert got[name] == value, (current, name)
+        current += slide * rnd.choice((1, 1, 2, 7, 61))
+        steps += 1
+    assert steps > 100
+    assert got["views_24h"] == 0 and got["spend_24h"] == 0.0 and got["last_event_time"] is None
+    assert got["last_viewed_items"] == [] and got["category_affinity_ids"] == []
+
+
+def test_a_user_base_refuses_a_tile_older_than_its_newest() -> None:
+    """The last-items lists hold only if tiles come in start order: a base given an older
+    tile says so instead of keeping wrong lists."""
+    base = pyf.UserBase({w: (TILE - 7200, TILE) for w in pyf.WINDOW_SECONDS}, last_items_n=3)
+    base.add(pyf.LONG_WINDOW, _user_tile(TILE - 60))
+    with pytest.raises(ValueError, match="start order"):
+        base.add(pyf.LONG_WINDOW, _user_tile(TILE - 120))
+
+
 def test_user_lists_from_the_newest_tiles_equal_the_latest_of_all_entries() -> None:
     """finalize_user reads last-items lists newest tile first and stops early: the same
     lists as ranking every entry of the 24h window, whatever order the tiles come in."""
