@@ -10,7 +10,9 @@ each benchmark (those not run this time keep their last result), the date, the m
 Default sizes (``make bench``): streaming 3,000,000 backlog events, three micro-batches at
 the job's cap (and the same for Feast's processor), 40 freshness probes per mode at 1,000 background events/s, and
 Real-time Mode also at 500 and 2,000 events/s (where it keeps up on this 2-core machine,
-and where its p99 passes 1 s); the tile feed 200,000 events' role rows (the default shape;
+and where its p99 passes 1 s); the micro-batch online pass 30 live batches of 1,000 events
+after 24 h of history for 1,000 users (1.44M events), on an empty store and against raw
+Redis; the tile feed 200,000 events' role rows (the default shape;
 ``--shape tiles``: whole tiles), 3 runs against 3 of a plain consumer writing them raw; serving
 10,000 users, 20,000 in-process calls, 10 s of HTTP at 1,000 requests/s per server;
 training 1,000,000 generated interactions, every model and its reference.
@@ -35,7 +37,8 @@ from benchmarks.common import RESULTS_DIR, describe_meta, machine_meta, read_res
 __all__ = ["BENCHMARKS", "DEFAULT_ARGS", "SMOKE_ARGS", "START", "END", "render_block", "rewrite_readme",
            "previous_tables", "main"]
 
-BENCHMARKS = ("streaming_throughput", "serving_latency", "training", "tile_feed", "realtime_query")
+BENCHMARKS = ("streaming_throughput", "history_pass", "serving_latency", "training", "tile_feed",
+              "realtime_query")
 README = Path(__file__).resolve().parents[1] / "README.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
@@ -43,6 +46,7 @@ SMOKE_ARGS: dict[str, list[str]] = {
     "streaming_throughput": ["--events", "2000", "--cold-events", "500", "--probes", "2",
                              "--warmup", "2", "--rate", "50", "--drains", "2",
                              "--peer-timeout", "600"],
+    "history_pass": ["--users", "50", "--hours", "2", "--live", "7", "--events", "100"],
     "tile_feed": ["--events", "3000", "--batch", "1000", "--repeats", "1", "--top-keys", "2000",
                   "--top-changes", "5"],
     "realtime_query": ["--rate", "200", "--repeats", "1", "--warmup", "20", "--window", "5"],
@@ -92,7 +96,9 @@ def rewrite_readme(text: str, block: str) -> str:
     return f"{head}{START}\n{block.strip()}\n{END}{tail}"
 
 
-SECTION_HEADINGS = {"streaming_throughput": "### Streaming", "tile_feed": "### Real-time tile feed",
+SECTION_HEADINGS = {"streaming_throughput": "### Streaming",
+                    "history_pass": "### Micro-batch online pass after",
+                    "tile_feed": "### Real-time tile feed",
                     "realtime_query": "### Real-time query",
                     "serving_latency": "### Serving", "training": "### Training"}
 """How each benchmark's table starts in the README block (its result's title)."""

@@ -115,6 +115,21 @@ def test_streaming_smoke(tmp_path: Path) -> None:
             assert used and (float(used.group(1)) > 0 or name != part), cpu[0]
 
 
+def test_history_pass_smoke(tmp_path: Path) -> None:
+    """A small history goes through the stream's per-key pass into a redis-server of the
+    bench's own; live batches run on it, on an empty store and as raw Redis writes of the
+    rows the pass wrote, each counted past the warm-up, with both ratios."""
+    payload, results, _ = _run_smoke("history_pass", tmp_path)
+    for system in ("shopstream pass, after the history", "shopstream pass, an empty store",
+                   "raw Redis: one pipelined HSET"):
+        row = _row(payload, system)
+        assert row["live batches"] == 2 and _positive(row["p50_s"]), _explain(payload)
+    assert _positive(payload["ratios"]["live batch p50: after the history / an empty store"])
+    assert _positive(
+        payload["ratios"]["live batch p50: after the history / raw Redis writing its rows"])
+    assert (results / "history_pass.png").is_file()
+
+
 def test_tile_feed_smoke(tmp_path: Path) -> None:
     """The feed drains the role rows of a small backlog into Redis, folded into tiles (its
     tiles, features and top lists: more keys than the raw peer's one hash per tile key), and

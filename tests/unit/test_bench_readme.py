@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 
 from benchmarks.common import BenchResult
-from benchmarks.run_all import END, START, _tables, previous_tables, render_block, rewrite_readme
+from benchmarks.run_all import (
+    BENCHMARKS,
+    END,
+    START,
+    _tables,
+    previous_tables,
+    render_block,
+    rewrite_readme,
+)
 
 META = {"when": "2026-11-22T17:00:00+00:00", "cores": 2, "load_average": [0.5, 0.75, 1.0],
         "commit": "abc1234"}
@@ -115,6 +123,6 @@ def test_a_benchmark_without_a_result_file_keeps_its_table(tmp_path: Path) -> No
     assert "| ours | 7.000 |" in kept["serving_latency"] and "_serving at abc1234_" in kept["serving_latency"]
     assert "Streaming" not in kept["serving_latency"]
     tables = _tables(tmp_path, kept)  # no result files at all
-    assert tables[1] == kept["serving_latency"]
-    assert tables[2] == "### training\n\nNot run yet."
+    assert tables[BENCHMARKS.index("serving_latency")] == kept["serving_latency"]
+    assert tables[BENCHMARKS.index("training")] == "### training\n\nNot run yet."
     assert previous_tables("no markers\n") == {}
